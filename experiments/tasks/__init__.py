@@ -1,0 +1,32 @@
+"""Synthetic and bundled tasks, generated in-process (nothing downloads).
+
+  * `tokenizer`: `CharTokenizer` (PAD=0, BOS=1, EOS=2, then characters) and the
+    shared batch layout, `lm_batch` (loss on completions only) and
+    `prompt_batch` (for generation).
+  * `arithmetic`: `ArithmeticTask`, `a op b=` problems with `+ - *`, optional
+    reversed answers, hash-based disjoint train/test split.
+  * `countdown`: `CountdownTask` / `CountdownProblem`, the CountDown numbers game
+    with a safe exact verifier, a 0/1 reward and a brute-force solver.
+  * `associative_recall`: `AssociativeRecallTask`, multi-query associative
+    recall (MQAR) as token ids at any context length.
+  * `digits`: `load_digits`, scikit-learn's bundled 8x8 digits as NHWC images.
+
+Every generator is numpy-only and deterministic given its seeds.
+"""
+
+from experiments.tasks.arithmetic import ArithmeticTask
+from experiments.tasks.associative_recall import AssociativeRecallTask
+from experiments.tasks.countdown import CountdownProblem, CountdownTask
+from experiments.tasks.digits import load_digits
+from experiments.tasks.tokenizer import CharTokenizer, lm_batch, prompt_batch
+
+__all__ = [
+    "ArithmeticTask",
+    "AssociativeRecallTask",
+    "CharTokenizer",
+    "CountdownProblem",
+    "CountdownTask",
+    "lm_batch",
+    "load_digits",
+    "prompt_batch",
+]

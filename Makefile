@@ -1,0 +1,30 @@
+# The two commands of the README's quick start. Each creates .venv when missing.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Eight simulated CPU devices so sharded code paths run anywhere.
+export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+# A comma list of slugs for `make reproduce PAPERS=vegas,ffd`; default all implemented.
+PAPERS ?= all
+PRESET ?= quick
+# pytest-xdist workers: one per core.
+WORKERS ?= auto
+
+.PHONY: test reproduce install clean-venv
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -n $(WORKERS) --dist loadfile -q
+
+reproduce: $(VENV)/.installed
+	$(PY) -m experiments run $(PAPERS) --preset $(PRESET)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,126 @@
+"""The experiment registry: slug -> presets, config type and `run`.
+
+Every runnable experiment is a module `experiments/<slug>.py` defining
+
+    EXPERIMENT = Experiment(slug=..., config_cls=Config,
+                            presets={"smoke": ..., "quick": ..., "paper": ...},
+                            run=run)
+
+where `Config` is a frozen dataclass, each preset is a zero-argument function
+returning a `Config`, and `run(config, workdir) -> dict` returns at least
+`{"metrics": {...}, "verdict": str, "reproduced": bool | None}` (and optionally
+`"plots": [file names in workdir]`). Papers are listed in `experiments.catalog`;
+foundation experiments that are not papers (such as `lm_arithmetic`) are listed
+in `FOUNDATION`. Modules are imported lazily, so `python -m experiments list`
+stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import pathlib
+from typing import Any, Callable, Mapping
+
+from experiments.catalog import CATALOG, CatalogEntry
+
+__all__ = ["Experiment", "FOUNDATION", "PRESETS", "all_slugs", "implemented_slugs", "get", "catalog_entry"]
+
+PRESETS = ("smoke", "quick", "paper")
+
+# Experiments that check the library itself rather than reproduce a paper.
+FOUNDATION: dict[str, str] = {
+    "lm_arithmetic": "Tiny decoder LM learns multi-digit arithmetic (foundation check)",
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Experiment:
+    """A registered experiment.
+
+    Attributes:
+      slug: the module name and CLI name.
+      config_cls: the frozen dataclass type of its config.
+      presets: preset name -> zero-argument function returning a config.
+        Must define "smoke" (seconds; run by the tests), "quick" (CPU minutes;
+        run by `make reproduce`) and "paper" (the paper's scale).
+      run: `run(config, workdir: pathlib.Path) -> dict` (see module docstring).
+      claim: the claim checked, for experiments outside the catalog (papers
+        take theirs from the catalog).
+    """
+
+    slug: str
+    config_cls: type
+    presets: Mapping[str, Callable[[], Any]]
+    run: Callable[[Any, pathlib.Path], dict]
+    claim: str = ""
+
+    def __post_init__(self):
+        missing = [p for p in PRESETS if p not in self.presets]
+        if missing:
+            raise ValueError(f"experiment {self.slug!r} must define presets {list(PRESETS)}; missing {missing}")
+
+    def config(self, preset: str):
+        """The config of a preset; ValueError naming the preset if unknown."""
+        if preset not in self.presets:
+            raise ValueError(f"unknown preset {preset!r} for {self.slug!r}; choose from {sorted(self.presets)}")
+        cfg = self.presets[preset]()
+        if not isinstance(cfg, self.config_cls):
+            raise TypeError(f"preset {preset!r} of {self.slug!r} returned {type(cfg).__name__}, "
+                            f"expected {self.config_cls.__name__}")
+        return cfg
+
+    @property
+    def paper(self) -> CatalogEntry | None:
+        return catalog_entry(self.slug)
+
+    @property
+    def title(self) -> str:
+        entry = self.paper
+        return entry.title if entry else FOUNDATION.get(self.slug, self.slug)
+
+    @property
+    def paper_claim(self) -> str:
+        entry = self.paper
+        return entry.claim if entry else self.claim
+
+
+def catalog_entry(slug: str) -> CatalogEntry | None:
+    for entry in CATALOG:
+        if entry.slug == slug:
+            return entry
+    return None
+
+
+def all_slugs() -> list[str]:
+    """Foundation experiments first, then the 38 papers in catalog order."""
+    return list(FOUNDATION) + [e.slug for e in CATALOG]
+
+
+def _has_module(slug: str) -> bool:
+    return importlib.util.find_spec(f"experiments.{slug}") is not None
+
+
+def implemented_slugs() -> list[str]:
+    """Slugs whose experiment module exists."""
+    return [s for s in all_slugs() if _has_module(s)]
+
+
+def get(slug: str) -> Experiment:
+    """The registered experiment for `slug`; ValueError naming it if there is none."""
+    known = all_slugs()
+    if slug not in known:
+        close = [s for s in known if slug.lower() in s or s in slug.lower()]
+        hint = f" Did you mean {close}?" if close else ""
+        raise ValueError(f"unknown experiment slug {slug!r}.{hint} Known slugs: {', '.join(known)}")
+    if not _has_module(slug):
+        entry = catalog_entry(slug)
+        where = f" (issue {entry.issue})" if entry and entry.issue else ""
+        raise ValueError(f"experiment {slug!r} is in the catalog but not implemented yet{where}; "
+                         f"implemented: {', '.join(implemented_slugs())}")
+    module = importlib.import_module(f"experiments.{slug}")
+    exp = getattr(module, "EXPERIMENT", None)
+    if not isinstance(exp, Experiment) or exp.slug != slug:
+        raise TypeError(f"experiments/{slug}.py must define EXPERIMENT = Experiment(slug={slug!r}, ...)")
+    return exp

@@ -1,0 +1,457 @@
+"""A decoder-only Transformer LM in Flax NNX, built to be looked inside.
+
+Dimension legend: `b` batch, `t` tokens, `D` model width, `h` query heads,
+`k` key/value heads, `d` head dim, `f` FFN width, `v` vocabulary, `L` layers.
+
+Architecture (LLaMA/Gemma family): token embedding, L pre-norm blocks
+(RMSNorm -> GQA attention with RoPE -> residual; RMSNorm -> FFN -> residual),
+final RMSNorm, output projection (optionally tied to the embedding).
+
+What the papers need from a model, all passed as arguments (no monkey-patching):
+
+  * `head_mask` [L, h] or [L, b, h]: multiplies each head's output before the
+    output projection (head pruning, head ablations);
+  * `head_deltas` [L, h, d] or [L, b, h, d]: added to each head's output
+    (head-level steering);
+  * `residual_deltas` [L, D], [L, b, D] or [L, b, t, D]: added to the residual
+    stream after block l (activation steering);
+  * `return_intermediates=True`: the residual stream after the embedding and
+    after every block [L+1, b, t, D], the per-head attention outputs
+    [L, b, t, h, d] (after mask and delta), and each FFN's auxiliary outputs
+    (e.g. router logits of a mixture-of-experts FFN).
+
+The FFN is a pluggable slot: `TransformerConfig.ffn_type` names a factory in
+`FFN_TYPES` (`register_ffn` adds one). An FFN module maps [b, t, D] to
+`(y [b, t, D], aux: dict)`.
+
+KV cache: pass a `KVCache` (see `models.kv_cache`) to append `t` tokens per
+sequence at positions `cache.lengths + arange(t)`; the same call serves
+prefill, one-token decode and multi-token append. Every parameter carries
+logical axis names (`out_sharding` metadata) that `algorithms.training` maps to
+a device mesh.
+
+References:
+  Touvron et al., "LLaMA: Open and Efficient Foundation Language Models", arXiv:2302.13971, 2023.
+  Shazeer, "GLU Variants Improve Transformer", arXiv:2002.05202, 2020.
+  Zhang & Sennrich, "Root Mean Square Layer Normalization", arXiv:1910.07467, 2019.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.kv_cache import KVCache, init_cache, write_tokens
+from primitives import attention as attn_lib
+
+__all__ = [
+    "TransformerConfig",
+    "Transformer",
+    "TransformerOutput",
+    "RMSNorm",
+    "Attention",
+    "GatedFFN",
+    "Block",
+    "FFN_TYPES",
+    "register_ffn",
+    "DEFAULT_LOGICAL_AXIS_RULES",
+]
+
+# Logical parameter axes -> mesh axes ("data", "fsdp", "tensor"). None = replicated.
+DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("norm", None),
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransformerConfig:
+    """Shape and options of the decoder LM.
+
+    Attributes:
+      vocab_size: number of token ids.
+      d_model: residual stream width D.
+      num_layers: number of blocks L.
+      num_heads: query heads h.
+      num_kv_heads: key/value heads k (h % k == 0; 1 = MQA, h = MHA).
+      d_ff: FFN hidden width f.
+      head_dim: per-head width d; defaults to d_model // num_heads.
+      rope_base: RoPE frequency base.
+      norm_eps: RMSNorm epsilon.
+      tie_embeddings: output projection = embedding transposed.
+      ffn_type: key into FFN_TYPES ("gated" = SwiGLU/GeGLU).
+      ffn_activation: "silu" or "gelu" for the gated FFN.
+      dtype: compute dtype ("float32" or "bfloat16"); parameters stay float32.
+      init_std: std of the embedding init; other weights use 1/sqrt(fan_in).
+    """
+
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    d_ff: int
+    head_dim: int | None = None
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    ffn_type: str = "gated"
+    ffn_activation: str = "silu"
+    dtype: str = "float32"
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TransformerConfig.{name} must be >= 1; got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads}) "
+                "unless head_dim is given"
+            )
+        if self.resolved_head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE; got {self.resolved_head_dim}")
+        if self.ffn_activation not in _ACTIVATIONS:
+            raise ValueError(f"ffn_activation must be one of {sorted(_ACTIVATIONS)}; got {self.ffn_activation!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16; got {self.dtype!r}")
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    def num_params(self) -> int:
+        """Parameter count (embedding included once when tied)."""
+        D, d, h, k, f, v = (self.d_model, self.resolved_head_dim, self.num_heads,
+                            self.num_kv_heads, self.d_ff, self.vocab_size)
+        per_layer = D * d * (2 * h + 2 * k) + 3 * D * f + 2 * D
+        return v * D * (1 if self.tie_embeddings else 2) + self.num_layers * per_layer + D
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward = 3x forward).
+
+        Forward: 2 FLOPs per multiply-add of every weight matmul (embedding
+        lookup excluded, output projection included) plus the attention score and
+        value matmuls, 2 * 2 * t * h * d per layer for a full causal-free count
+        (PaLM appendix B convention, counting the full t x t score matrix).
+        """
+        D, d, h, k, f, v = (self.d_model, self.resolved_head_dim, self.num_heads,
+                            self.num_kv_heads, self.d_ff, self.vocab_size)
+        matmul = self.num_layers * (D * d * (2 * h + 2 * k) + 3 * D * f) + D * v
+        attn = self.num_layers * 2 * seq_len * h * d
+        return 3 * 2 * (matmul + attn)
+
+
+_ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu}
+
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], std: float) -> nnx.Param:
+    """A float32 normal(0, std) parameter with logical axis names (sharded later, not eagerly)."""
+    value = std * jax.random.normal(rngs.params(), shape, jnp.float32)
+    return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+    """y = x / rms(x) * scale, computed in float32."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-6):
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), out_sharding=("norm",), eager_sharding=False)
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...]).astype(x.dtype)
+
+
+class GatedFFN(nnx.Module):
+    """Gated FFN: down(act(x @ W_gate) * (x @ W_up)). Returns (y, {})."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        D, f = config.d_model, config.d_ff
+        self.w_gate = _param(rngs, (D, f), ("embed", "mlp"), 1 / math.sqrt(D))
+        self.w_up = _param(rngs, (D, f), ("embed", "mlp"), 1 / math.sqrt(D))
+        self.w_down = _param(rngs, (f, D), ("mlp", "embed"), 1 / math.sqrt(f))
+        self.activation = config.ffn_activation
+        self.dtype = config.compute_dtype
+
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        act = _ACTIVATIONS[self.activation]
+        wg, wu, wd = (w[...].astype(self.dtype) for w in (self.w_gate, self.w_up, self.w_down))
+        hidden = act(x @ wg) * (x @ wu)
+        return hidden @ wd, {}
+
+
+FFN_TYPES: dict[str, Callable[..., nnx.Module]] = {"gated": GatedFFN}
+
+
+def register_ffn(name: str, factory: Callable[..., nnx.Module]) -> None:
+    """Registers an FFN factory `factory(config, *, rngs) -> Module` under `name`.
+
+    The module must map [b, t, D] to `(y [b, t, D], aux dict)`; `aux` entries
+    are returned per layer in the intermediates (and `aux["loss"]`, if present,
+    is summed into `TransformerOutput.aux_loss`).
+    """
+    FFN_TYPES[name] = factory
+
+
+class Attention(nnx.Module):
+    """GQA self-attention with RoPE, per-head masks/deltas and an optional KV cache."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        D, h, k, d = config.d_model, config.num_heads, config.num_kv_heads, config.resolved_head_dim
+        std = 1 / math.sqrt(D)
+        self.wq = _param(rngs, (D, h, d), ("embed", "heads", "head_dim"), std)
+        self.wk = _param(rngs, (D, k, d), ("embed", "kv_heads", "head_dim"), std)
+        self.wv = _param(rngs, (D, k, d), ("embed", "kv_heads", "head_dim"), std)
+        self.wo = _param(rngs, (h, d, D), ("heads", "head_dim", "embed"), 1 / math.sqrt(h * d))
+        self.rope_base = config.rope_base
+        self.dtype = config.compute_dtype
+
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        *,
+        segment_ids: jax.Array | None = None,
+        layer_cache: tuple[jax.Array, jax.Array] | None = None,
+        cache_lengths: jax.Array | None = None,
+        head_mask: jax.Array | None = None,
+        head_delta: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """Returns (output [b, t, D], head outputs [b, t, h, d], updated (k, v) cache or None)."""
+        wq, wk, wv, wo = (w[...].astype(self.dtype) for w in (self.wq, self.wk, self.wv, self.wo))
+        q = attn_lib.rope(jnp.einsum("btD,Dhd->bthd", x, wq), positions, base=self.rope_base)
+        k = attn_lib.rope(jnp.einsum("btD,Dkd->btkd", x, wk), positions, base=self.rope_base)
+        v = jnp.einsum("btD,Dkd->btkd", x, wv)
+        new_cache = None
+        if layer_cache is None:
+            heads = attn_lib.attention(
+                q, k, v, causal=True, q_positions=positions, kv_positions=positions,
+                q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
+            )
+        else:
+            k_all = write_tokens(layer_cache[0], k, cache_lengths)
+            v_all = write_tokens(layer_cache[1], v, cache_lengths)
+            new_cache = (k_all, v_all)
+            # Entries past the valid length lie after every valid query's position,
+            # so the causal mask alone hides them.
+            heads = attn_lib.attention(q, k_all.astype(self.dtype), v_all.astype(self.dtype),
+                                       causal=True, q_positions=positions)
+        if head_mask is not None:
+            heads = heads * _per_head(head_mask).astype(heads.dtype)
+        if head_delta is not None:
+            heads = heads + _per_head_vector(head_delta).astype(heads.dtype)
+        return jnp.einsum("bthd,hdD->btD", heads, wo), heads, new_cache
+
+
+def _per_head(mask: jax.Array) -> jax.Array:
+    """[h] -> [1, 1, h, 1]; [b, h] -> [b, 1, h, 1]."""
+    if mask.ndim == 1:
+        return mask[None, None, :, None]
+    return mask[:, None, :, None]
+
+
+def _per_head_vector(delta: jax.Array) -> jax.Array:
+    """[h, d] -> [1, 1, h, d]; [b, h, d] -> [b, 1, h, d]."""
+    return delta[None, None] if delta.ndim == 2 else delta[:, None]
+
+
+class Block(nnx.Module):
+    """Pre-norm block: x + attn(norm(x)), then + ffn(norm(x))."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        if config.ffn_type not in FFN_TYPES:
+            raise ValueError(f"unknown ffn_type {config.ffn_type!r}; registered: {sorted(FFN_TYPES)}")
+        self.attn_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.attn = Attention(config, rngs=rngs)
+        self.ffn_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.ffn = FFN_TYPES[config.ffn_type](config, rngs=rngs)
+
+    def __call__(self, x, positions, **attn_kwargs):
+        a, heads, new_cache = self.attn(self.attn_norm(x), positions, **attn_kwargs)
+        x = x + a
+        f, aux = self.ffn(self.ffn_norm(x))
+        return x + f, heads, new_cache, aux
+
+
+class TransformerOutput(NamedTuple):
+    """Result of a forward pass.
+
+    Attributes:
+      logits: [b, t, v] float32.
+      cache: the updated KVCache, or None when no cache was passed.
+      aux_loss: scalar sum of the FFNs' `aux["loss"]` (0 for dense FFNs).
+      intermediates: None, or a dict with `residuals` [L+1, b, t, D],
+        `head_outputs` [L, b, t, h, d] and `ffn_aux` (tuple of L dicts).
+    """
+
+    logits: jax.Array
+    cache: KVCache | None
+    aux_loss: jax.Array
+    intermediates: dict[str, Any] | None
+
+
+class Transformer(nnx.Module):
+    """Decoder-only LM. See the module docstring for the hooks it exposes.
+
+    Examples:
+      >>> from flax import nnx
+      >>> import jax.numpy as jnp
+      >>> cfg = TransformerConfig(vocab_size=11, d_model=16, num_layers=1, num_heads=2,
+      ...                         num_kv_heads=1, d_ff=32)
+      >>> model = Transformer(cfg, rngs=nnx.Rngs(0))
+      >>> model(jnp.zeros((2, 5), jnp.int32)).logits.shape
+      (2, 5, 11)
+    """
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embed = _param(rngs, (config.vocab_size, config.d_model), ("vocab", "embed"), config.init_std)
+        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+        self.final_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        if not config.tie_embeddings:
+            self.unembed = _param(rngs, (config.d_model, config.vocab_size), ("embed", "vocab"),
+                                  1 / math.sqrt(config.d_model))
+
+    def init_cache(self, batch_size: int, capacity: int) -> KVCache:
+        """An empty KV cache for this model."""
+        c = self.config
+        return init_cache(num_layers=c.num_layers, batch_size=batch_size, capacity=capacity,
+                          num_kv_heads=c.num_kv_heads, head_dim=c.resolved_head_dim, dtype=c.compute_dtype)
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        *,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        cache: KVCache | None = None,
+        num_valid: jax.Array | None = None,
+        head_mask: jax.Array | None = None,
+        head_deltas: jax.Array | None = None,
+        residual_deltas: jax.Array | None = None,
+        return_intermediates: bool = False,
+    ) -> TransformerOutput:
+        """Runs the LM on `tokens` [b, t].
+
+        Args:
+          tokens: [b, t] int token ids.
+          positions: [b, t] positions for RoPE and the causal mask. Default:
+            0..t-1 without a cache, `cache.lengths + arange(t)` with one.
+          segment_ids: [b, t] packing segments (no cross-segment attention).
+            Not allowed together with a cache.
+          cache: a KVCache to append these tokens to.
+          num_valid: [b] with a cache, how many of the t tokens per row are real
+            (the rest is right padding); the cache advances by this. Default t.
+          head_mask: [L, h] or [L, b, h] multipliers of head outputs.
+          head_deltas: [L, h, d] or [L, b, h, d] additions to head outputs.
+          residual_deltas: [L, D], [L, b, D] or [L, b, t, D] additions to the
+            residual stream after each block.
+          return_intermediates: also return residual streams, head outputs and
+            FFN auxiliaries.
+
+        Returns:
+          TransformerOutput.
+        """
+        c = self.config
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [b, t]; got shape {tokens.shape}")
+        b, t = tokens.shape
+        self._check_hooks(b, t, head_mask, head_deltas, residual_deltas)
+        if cache is not None:
+            if segment_ids is not None:
+                raise ValueError("segment_ids cannot be combined with a KV cache")
+            if cache.batch_size != b:
+                raise ValueError(f"cache batch size {cache.batch_size} != tokens batch size {b}")
+            if len(cache.keys) != c.num_layers:
+                raise ValueError(f"cache has {len(cache.keys)} layers; model has {c.num_layers}")
+            if positions is None:
+                positions = cache.lengths[:, None] + jnp.arange(t)[None, :]
+        elif positions is None:
+            positions = jnp.broadcast_to(jnp.arange(t)[None, :], (b, t))
+
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(c.compute_dtype)
+        residuals, head_outputs, ffn_aux = [x], [], []
+        new_keys, new_values = [], []
+        aux_loss = jnp.zeros((), jnp.float32)
+        for l, layer in enumerate(self.layers):
+            x, heads, new_kv, aux = layer(
+                x, positions,
+                segment_ids=segment_ids,
+                layer_cache=None if cache is None else (cache.keys[l], cache.values[l]),
+                cache_lengths=None if cache is None else cache.lengths,
+                head_mask=None if head_mask is None else head_mask[l],
+                head_delta=None if head_deltas is None else head_deltas[l],
+            )
+            if residual_deltas is not None:
+                x = x + _residual_delta(residual_deltas[l]).astype(x.dtype)
+            if "loss" in aux:
+                aux_loss = aux_loss + aux["loss"]
+            if new_kv is not None:
+                new_keys.append(new_kv[0])
+                new_values.append(new_kv[1])
+            if return_intermediates:
+                residuals.append(x)
+                head_outputs.append(heads)
+                ffn_aux.append(aux)
+
+        h = self.final_norm(x)
+        if c.tie_embeddings:
+            logits = jnp.einsum("btD,vD->btv", h, self.embed[...].astype(c.compute_dtype))
+        else:
+            logits = h @ self.unembed[...].astype(c.compute_dtype)
+        logits = logits.astype(jnp.float32)
+
+        new_cache = None
+        if cache is not None:
+            advance = jnp.full((b,), t, jnp.int32) if num_valid is None else num_valid.astype(jnp.int32)
+            new_cache = KVCache(tuple(new_keys), tuple(new_values), cache.lengths + advance)
+        intermediates = None
+        if return_intermediates:
+            intermediates = {
+                "residuals": jnp.stack(residuals),
+                "head_outputs": jnp.stack(head_outputs),
+                "ffn_aux": tuple(ffn_aux),
+            }
+        return TransformerOutput(logits, new_cache, aux_loss, intermediates)
+
+    def _check_hooks(self, b, t, head_mask, head_deltas, residual_deltas):
+        c = self.config
+        L, h, d, D = c.num_layers, c.num_heads, c.resolved_head_dim, c.d_model
+        allowed = {
+            "head_mask": (head_mask, [(L, h), (L, b, h)]),
+            "head_deltas": (head_deltas, [(L, h, d), (L, b, h, d)]),
+            "residual_deltas": (residual_deltas, [(L, D), (L, b, D), (L, b, t, D)]),
+        }
+        for name, (value, shapes) in allowed.items():
+            if value is not None and tuple(value.shape) not in shapes:
+                raise ValueError(f"{name} must have one of the shapes {shapes}; got {tuple(value.shape)}")
+
+
+def _residual_delta(delta: jax.Array) -> jax.Array:
+    """[D] -> [1, 1, D]; [b, D] -> [b, 1, D]; [b, t, D] unchanged."""
+    if delta.ndim == 1:
+        return delta[None, None]
+    if delta.ndim == 2:
+        return delta[:, None]
+    return delta

@@ -1,0 +1,311 @@
+"""Reference attention: the definition of correctness for every attention kernel.
+
+Dimension legend (used in shapes below):
+  b  batch                     t  query tokens          s  key/value tokens
+  h  query heads               k  key/value heads (h % k == 0; k == h is MHA,
+  d  head dim                     k == 1 is MQA, anything between is GQA)
+
+Everything here is a pure function of arrays. Softmax statistics are computed in
+float32 whatever the input dtype. A query row that can see no key (fully masked)
+returns zeros and a logsumexp of -inf, never NaN, so partial results from split
+or sparse attention can be merged with `combine_partials` without special cases.
+
+Masks compose by logical AND:
+  * `causal`: key position <= query position (positions default to 0..t-1 and
+    0..s-1; pass `q_positions` when queries sit at the end of a KV cache),
+  * `kv_lengths[b]`: keys at index >= kv_lengths[b] are padding,
+  * `q_segment_ids` / `kv_segment_ids`: a query only sees keys of its segment
+    (sequence packing),
+  * `mask`: any extra boolean array broadcastable to [b, h, t, s].
+
+References:
+  Vaswani et al., "Attention Is All You Need", arXiv:1706.03762, 2017.
+  Ainslie et al., "GQA: Training Generalized Multi-Query Transformer Models from
+  Multi-Head Checkpoints", arXiv:2305.13245, 2023.
+  Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding",
+  arXiv:2104.09864, 2021.
+  Dao et al., "Flash-Decoding for long-context inference", 2023 (split-K merge).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "AttentionOutput",
+    "attention",
+    "decode_attention",
+    "combine_partials",
+    "rope",
+    "rope_frequencies",
+    "attention_mask",
+]
+
+
+class AttentionOutput(NamedTuple):
+    """Attention result with its softmax statistics.
+
+    Attributes:
+      out: [b, t, h, d] (or [b, h, d] for `decode_attention`), input dtype.
+      lse: [b, h, t] (or [b, h]) float32 logsumexp of the scaled, masked
+        logits; -inf for rows that see no key.
+    """
+
+    out: jax.Array
+    lse: jax.Array
+
+
+def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[int, int, int, int, int, int]:
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            "attention expects q [b, t, h, d], k and v [b, s, k, d]; got "
+            f"q.shape={q.shape}, k.shape={k.shape}, v.shape={v.shape}"
+        )
+    b, t, h, d = q.shape
+    bk, s, kh, dk = k.shape
+    if k.shape != v.shape[:3] + (dk,) or v.shape[:3] != (bk, s, kh):
+        raise ValueError(f"k and v must agree on [b, s, k]; got k.shape={k.shape}, v.shape={v.shape}")
+    if bk != b:
+        raise ValueError(f"q and k batch sizes differ: q.shape={q.shape}, k.shape={k.shape}")
+    if dk != d:
+        raise ValueError(f"q and k head dims differ: q.shape={q.shape}, k.shape={k.shape}")
+    if kh == 0 or h % kh:
+        raise ValueError(
+            f"number of query heads must be a multiple of key/value heads; got h={h}, k={kh}"
+        )
+    return b, t, h, d, s, kh
+
+
+def attention_mask(
+    *,
+    batch: int,
+    q_len: int,
+    kv_len: int,
+    causal: bool = False,
+    q_positions: jax.Array | None = None,
+    kv_positions: jax.Array | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    kv_lengths: jax.Array | None = None,
+    mask: jax.Array | None = None,
+) -> jax.Array | None:
+    """Combines the mask options into one boolean array broadcastable to [b, 1|h, t, s].
+
+    Returns None when nothing is masked.
+    """
+    parts = []
+    if causal:
+        qp = jnp.arange(q_len)[None] if q_positions is None else q_positions
+        kp = jnp.arange(kv_len)[None] if kv_positions is None else kv_positions
+        qp = jnp.broadcast_to(jnp.asarray(qp), (batch, q_len))
+        kp = jnp.broadcast_to(jnp.asarray(kp), (batch, kv_len))
+        parts.append(kp[:, None, None, :] <= qp[:, None, :, None])
+    if kv_lengths is not None:
+        kv_lengths = jnp.asarray(kv_lengths)
+        if kv_lengths.shape != (batch,):
+            raise ValueError(f"kv_lengths must have shape [b]=({batch},); got {kv_lengths.shape}")
+        parts.append((jnp.arange(kv_len)[None, :] < kv_lengths[:, None])[:, None, None, :])
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("pass both q_segment_ids and kv_segment_ids, or neither")
+    if q_segment_ids is not None:
+        if q_segment_ids.shape != (batch, q_len) or kv_segment_ids.shape != (batch, kv_len):
+            raise ValueError(
+                f"segment ids must be [b, t]=({batch}, {q_len}) and [b, s]=({batch}, {kv_len}); got "
+                f"{q_segment_ids.shape} and {kv_segment_ids.shape}"
+            )
+        parts.append(q_segment_ids[:, None, :, None] == kv_segment_ids[:, None, None, :])
+    if mask is not None:
+        mask = jnp.asarray(mask, bool)
+        while mask.ndim < 4:
+            mask = mask[None]
+        parts.append(mask)
+    if not parts:
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        out = jnp.logical_and(out, p)
+    return out
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool = False,
+    q_positions: jax.Array | None = None,
+    kv_positions: jax.Array | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    kv_lengths: jax.Array | None = None,
+    mask: jax.Array | None = None,
+    scale: float | None = None,
+    return_lse: bool = False,
+) -> jax.Array | AttentionOutput:
+    """Multi-head dot-product attention with GQA/MQA and composable masks.
+
+    Args:
+      q: [b, t, h, d] queries.
+      k: [b, s, k, d] keys.
+      v: [b, s, k, d] values.
+      causal: mask keys whose position is greater than the query's.
+      q_positions: [b, t] or [t] integer positions of the queries (causal only).
+        Defaults to 0..t-1. For queries appended to a cache of length L use
+        L + arange(t).
+      kv_positions: [b, s] or [s] positions of the keys; defaults to 0..s-1.
+      q_segment_ids: [b, t] segment id per query (packing).
+      kv_segment_ids: [b, s] segment id per key.
+      kv_lengths: [b] number of valid keys per sequence (right padding).
+      mask: extra boolean mask broadcastable to [b, h, t, s]; True = attend.
+      scale: logit scale; defaults to 1/sqrt(d).
+      return_lse: also return the float32 logsumexp per (b, h, t).
+
+    Returns:
+      [b, t, h, d] in q's dtype, or `AttentionOutput(out, lse)` when
+      `return_lse`; lse has shape [b, h, t].
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> q = jnp.ones((1, 3, 4, 8)); kv = jnp.ones((1, 3, 2, 8))
+      >>> attention(q, kv, kv, causal=True).shape
+      (1, 3, 4, 8)
+    """
+    b, t, h, d, s, kh = _check_qkv(q, k, v)
+    g = h // kh
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    full_mask = attention_mask(
+        batch=b,
+        q_len=t,
+        kv_len=s,
+        causal=causal,
+        q_positions=q_positions,
+        kv_positions=kv_positions,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        kv_lengths=kv_lengths,
+        mask=mask,
+    )
+    # Group the query heads that share a key/value head: [b, t, k, g, d].
+    qg = q.reshape(b, t, kh, g, d)
+    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+    logits = logits.astype(jnp.float32) * scale
+    if full_mask is not None:
+        # [b, 1|h, t, s] -> [b, k, g, t, s] (a per-head mask splits like the heads).
+        m = jnp.broadcast_to(full_mask, (b, full_mask.shape[1], t, s))
+        m = jnp.broadcast_to(m, (b, h, t, s)).reshape(b, kh, g, t, s)
+        logits = jnp.where(m, logits, -jnp.inf)
+    lse = jax.nn.logsumexp(logits, axis=-1)  # [b, k, g, t]; -inf on empty rows
+    safe_lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    probs = jnp.exp(logits - safe_lse[..., None])  # exp(-inf) = 0 on masked keys
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(jnp.float32))
+    out = out.reshape(b, t, h, d).astype(q.dtype)
+    if return_lse:
+        return AttentionOutput(out, lse.reshape(b, h, t))
+    return out
+
+
+def decode_attention(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    lengths: jax.Array,
+    *,
+    scale: float | None = None,
+    return_lse: bool = False,
+) -> jax.Array | AttentionOutput:
+    """Attention of one new query token per sequence over a KV cache.
+
+    Args:
+      q: [b, h, d] the query of the newest token of each sequence.
+      k_cache: [b, s, k, d] cached keys; entries at index >= lengths[b] are ignored.
+      v_cache: [b, s, k, d] cached values.
+      lengths: [b] int, number of valid cache entries per sequence (0 allowed:
+        the output is zeros and the lse -inf).
+      scale: logit scale; defaults to 1/sqrt(d).
+      return_lse: also return the logsumexp [b, h].
+
+    Returns:
+      [b, h, d], or `AttentionOutput(out [b, h, d], lse [b, h])`.
+    """
+    if q.ndim != 3:
+        raise ValueError(f"decode_attention expects q of shape [b, h, d]; got {q.shape}")
+    res = attention(q[:, None], k_cache, v_cache, kv_lengths=lengths, scale=scale, return_lse=True)
+    out, lse = res.out[:, 0], res.lse[..., 0]
+    return AttentionOutput(out, lse) if return_lse else out
+
+
+def combine_partials(
+    outs: jax.Array, lses: jax.Array, *, axis: int = 0
+) -> AttentionOutput:
+    """Merges attention results computed over disjoint key sets (split-K, sparse, draft).
+
+    With partial outputs o_i (each normalized over its own key set) and
+    logsumexps l_i, the result over the union of the key sets is
+    `sum_i exp(l_i - L) o_i` with `L = logsumexp_i l_i`. Partials whose key set
+    was empty (l_i = -inf) get weight zero; if all are empty the result is zeros
+    with L = -inf.
+
+    Args:
+      outs: [n, ..., d] partial outputs stacked along `axis` (here 0).
+      lses: [n, ...] matching logsumexps (the shape of outs without the last dim).
+      axis: the axis that indexes the partials.
+
+    Returns:
+      `AttentionOutput(out [..., d] in outs' dtype, lse [...] float32)`.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> o = jnp.stack([jnp.ones((2, 4)), jnp.zeros((2, 4))])
+      >>> l = jnp.log(jnp.array([[1.0, 1.0], [3.0, 3.0]]))
+      >>> combine_partials(o, l).out[0, 0]  # weights 1/4 and 3/4
+      Array(0.25, dtype=float32)
+    """
+    if outs.shape[:-1] != lses.shape:
+        raise ValueError(
+            f"lses must have the shape of outs without its last dim; got outs {outs.shape}, lses {lses.shape}"
+        )
+    axis = axis % lses.ndim
+    lses = lses.astype(jnp.float32)
+    total = jax.nn.logsumexp(lses, axis=axis)
+    safe_total = jnp.where(jnp.isfinite(total), total, 0.0)
+    w = jnp.exp(lses - jnp.expand_dims(safe_total, axis))  # 0 for empty partials
+    out = jnp.sum(w[..., None] * outs.astype(jnp.float32), axis=axis)
+    return AttentionOutput(out.astype(outs.dtype), total)
+
+
+def rope_frequencies(head_dim: int, *, base: float = 10000.0) -> jax.Array:
+    """Inverse frequencies [d/2] of rotary embeddings: base^(-2i/d)."""
+    if head_dim % 2:
+        raise ValueError(f"rotary embeddings need an even head dim; got head_dim={head_dim}")
+    return base ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+
+
+def rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0) -> jax.Array:
+    """Applies rotary position embeddings (half-split convention).
+
+    The head dim is split into halves (x1, x2) rotated pairwise by angle
+    `position * base^(-2i/d)`, as in LLaMA/Gemma. Relative property:
+    <rope(q, m), rope(k, n)> depends only on m - n.
+
+    Args:
+      x: [b, t, h, d] queries or keys.
+      positions: [b, t] (or [t]) integer or float positions.
+      base: the frequency base.
+
+    Returns:
+      [b, t, h, d] rotated array in x's dtype.
+    """
+    if x.ndim != 4:
+        raise ValueError(f"rope expects x of shape [b, t, h, d]; got {x.shape}")
+    b, t, _, d = x.shape
+    positions = jnp.broadcast_to(jnp.asarray(positions), (b, t)).astype(jnp.float32)
+    angles = positions[..., None] * rope_frequencies(d, base=base)  # [b, t, d/2]
+    sin = jnp.sin(angles)[:, :, None, :]
+    cos = jnp.cos(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)

@@ -1,0 +1,27 @@
+"""Test setup shared by the whole suite.
+
+Eight simulated CPU devices, so sharded code paths run on any machine. The
+flag must be set before JAX initializes its backends; `make test` also sets it
+in the environment.
+"""
+
+import os
+
+_FLAG = "--xla_force_host_platform_device_count=8"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """Hardware-marked tests are skipped unless that hardware is present."""
+    import jax
+
+    backend = jax.default_backend()
+    for item in items:
+        for marker in ("gpu", "tpu"):
+            if marker in item.keywords and backend != marker:
+                item.add_marker(pytest.mark.skip(reason=f"needs a {marker.upper()}"))

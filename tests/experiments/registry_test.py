@@ -1,0 +1,107 @@
+"""Catalog, registry, CLI and report: errors name what is wrong; the README table is the catalog's."""
+
+import json
+import pathlib
+import re
+
+import pytest
+
+from experiments import __main__ as cli
+from experiments import catalog, registry, report
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_catalog_has_38_unique_papers_with_valid_fields():
+    slugs = [e.slug for e in catalog.CATALOG]
+    assert len(slugs) == 38 and len(set(slugs)) == 38
+    assert not set(slugs) & set(registry.FOUNDATION)
+    for e in catalog.CATALOG:
+        assert e.slug.isidentifier() and e.slug == e.slug.lower(), e.slug
+        assert e.status in catalog.STATUSES, e
+        assert e.area in catalog.AREAS, e
+        assert e.arxiv is None or re.fullmatch(r"\d{4}\.\d{4,5}", e.arxiv), e
+        assert e.title and e.claim and e.paper_result, e
+
+
+def test_status_agrees_with_the_code():
+    implemented = set(registry.implemented_slugs())
+    for e in catalog.CATALOG:
+        has_module = e.slug in implemented
+        assert has_module == (e.status != "planned"), f"{e.slug}: status {e.status!r}, module exists: {has_module}"
+        if e.status == "verified":
+            assert e.ours, f"{e.slug} is verified but has no 'ours' numbers"
+    for slug in registry.FOUNDATION:
+        assert slug in implemented
+
+
+def test_readme_catalog_table_is_generated_from_the_catalog():
+    readme = (ROOT / "README.md").read_text()
+    assert cli.markdown_table() in readme, (
+        "README.md's paper table is stale: paste the output of `python -m experiments catalog --markdown`"
+    )
+
+
+def test_every_registered_experiment_defines_the_three_presets():
+    for slug in registry.implemented_slugs():
+        exp = registry.get(slug)
+        for preset in registry.PRESETS:
+            assert isinstance(exp.config(preset), exp.config_cls)
+
+
+def test_unknown_slug_and_planned_slug_errors_name_them():
+    with pytest.raises(ValueError, match="unknown experiment slug 'no_such_paper'"):
+        registry.get("no_such_paper")
+    planned = next(e for e in catalog.CATALOG if e.status == "planned")
+    with pytest.raises(ValueError, match=f"'{planned.slug}' is in the catalog but not implemented"):
+        registry.get(planned.slug)
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        registry.get("lm_arithmetic").config("huge")
+
+
+def test_cli_errors_name_the_slug_preset_and_field(capsys):
+    assert cli.main(["run", "no_such_paper"]) == 2
+    assert "no_such_paper" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["run", "lm_arithmetic", "--preset", "huge"])
+    assert "huge" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["run", "lm_arithmetic", "--preset", "smoke", "--no-such-field", "3"])
+    captured = capsys.readouterr()
+    assert "no-such-field" in captured.out + captured.err
+
+
+def test_cli_list_shows_every_paper(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    for e in catalog.CATALOG:
+        assert re.search(rf"^{e.slug}\s+{e.status}\s", out, re.M), e.slug
+    assert "lm_arithmetic" in out
+
+
+def test_cli_override_reaches_the_config(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_run(slug, preset, *, results_dir, config, workdir):
+        seen.update(slug=slug, preset=preset, config=config)
+        return {"reproduced": True, "verdict": "ok", "wall_s": 0.0}
+
+    monkeypatch.setattr(report, "run_experiment", fake_run)
+    monkeypatch.setattr(report, "write_report", lambda d: pathlib.Path(d) / "REPORT.md")
+    argv = ["run", "lm_arithmetic", "--preset", "smoke", "--results-dir", str(tmp_path), "--num-steps", "3",
+            "--operations", "+", "-"]
+    assert cli.main(argv) == 0
+    assert seen["config"].num_steps == 3 and seen["config"].operations == ("+", "-")
+    assert seen["config"].d_model == registry.get("lm_arithmetic").config("smoke").d_model
+
+
+def test_report_collects_results(tmp_path):
+    fake = {"slug": "lm_arithmetic", "preset": "smoke", "title": "t", "claim": "c", "paper_result": "",
+            "config": {}, "metrics": {"acc": 0.5}, "verdict": "half right | ok", "reproduced": False,
+            "plots": ["p.png"], "wall_s": 1.0, "environment": {"backend": "cpu", "devices": 1, "jax": "x"}}
+    d = tmp_path / "lm_arithmetic" / "smoke"
+    d.mkdir(parents=True)
+    (d / "result.json").write_text(json.dumps(fake))
+    text = report.write_report(tmp_path).read_text()
+    assert "half right / ok" in text and "**no**" in text
+    assert "![p.png](lm_arithmetic/smoke/p.png)" in text
