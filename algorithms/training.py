@@ -106,7 +106,8 @@ class OptimizerConfig:
             init_value=0.0,
             peak_value=self.learning_rate,
             warmup_steps=self.warmup_steps,
-            decay_steps=self.total_steps,
+            # optax counts warmup inside decay_steps and needs a non-empty cosine part.
+            decay_steps=max(self.total_steps, self.warmup_steps + 1),
             end_value=self.learning_rate * self.end_lr_fraction,
         )
 
@@ -295,7 +296,7 @@ def make_train_step(
         (_, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+        metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
         if schedule is not None:
             metrics["learning_rate"] = schedule(state.step)
         return TrainState(state.step + 1, params, opt_state), metrics

@@ -42,6 +42,7 @@ class Config:
     num_digits: int = 3
     operations: tuple[str, ...] = ("+",)
     reverse_answer: bool = True
+    pad_operands: bool = True
     test_fraction: float = 0.1
     # Model.
     d_model: int = 128
@@ -69,6 +70,7 @@ class Config:
 
 def _task(c: Config) -> ArithmeticTask:
     return ArithmeticTask(num_digits=c.num_digits, operations=c.operations, reverse_answer=c.reverse_answer,
+                          pad_operands=c.pad_operands,
                           test_fraction=c.test_fraction, seed=c.seed)
 
 

@@ -164,3 +164,14 @@ def test_bad_hook_and_cache_arguments_are_rejected():
         model(tokens, cache=model.init_cache(3, 8))
     with pytest.raises(ValueError, match="segment_ids cannot be combined"):
         model(tokens, cache=model.init_cache(2, 8), segment_ids=jnp.zeros((2, 3), jnp.int32))
+
+
+def test_model_works_in_nnx_tree_mode():
+    """Flax plans to make tree mode (no shared references) the default; the model must not notice."""
+    tokens = jnp.asarray(np.random.default_rng(5).integers(0, VOCAB, (2, 5)), jnp.int32)
+    graph_logits = Transformer(tiny_config(), rngs=nnx.Rngs(6))(tokens).logits
+    with nnx.set_graph_mode(False):
+        model = Transformer(tiny_config(), rngs=nnx.Rngs(6))
+        graphdef, state = nnx.split(model)
+        out = nnx.merge(graphdef, state)(tokens, cache=model.init_cache(2, 8))
+    np.testing.assert_allclose(out.logits, graph_logits, atol=1e-5)
