@@ -400,6 +400,7 @@ def fit(
     stop_after: int | None = None,
     progress: bool = True,
     desc: str = "train",
+    fingerprint: str | None = None,
 ) -> FitResult:
     """Trains for `num_steps` optimizer steps, resuming from `workdir` if it has a checkpoint.
 
@@ -419,6 +420,10 @@ def fit(
         for tests and for splitting long jobs.
       progress: show a tqdm progress bar.
       desc: progress bar label.
+      fingerprint: a string identifying the run's settings (e.g. the repr of
+        the experiment config). It is saved with each checkpoint; resuming
+        from a checkpoint with a different fingerprint raises ValueError
+        instead of silently continuing another run.
 
     Returns:
       FitResult.
@@ -438,7 +443,14 @@ def fit(
     history: list[dict[str, float]] = []
     position, resumed_from = 0, None
     if ckpt is not None and ckpt.latest_step() is not None:
+        saved = ckpt.latest_step()
         state, meta = ckpt.restore(state, shardings)
+        if meta.get("fingerprint") != fingerprint:
+            ckpt.close()
+            raise ValueError(
+                f"the checkpoint at step {saved} in {ckpt.directory} belongs to a run with different settings "
+                f"(saved fingerprint {meta.get('fingerprint')!r}, this run {fingerprint!r}); use a fresh workdir"
+            )
         position, history, resumed_from = int(meta["data_position"]), list(meta["history"]), int(state.step)
 
     def put(batch):
@@ -466,7 +478,7 @@ def fit(
                 history.append(row)
                 bar.set_postfix(loss=f"{row['loss']:.4f}")
             if ckpt is not None and (done % checkpoint_every == 0 or done == end):
-                ckpt.save(done, state, {"data_position": position, "history": history})
+                ckpt.save(done, state, {"data_position": position, "history": history, "fingerprint": fingerprint})
             bar.update(1)
     finally:
         bar.close()

@@ -116,6 +116,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         log_every=c.log_every,
         progress=c.progress,
         desc="lm_arithmetic",
+        fingerprint=repr(dataclasses.replace(c, progress=True)),
     )
     model = result.model()
 

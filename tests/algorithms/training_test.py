@@ -75,6 +75,14 @@ def test_resume_from_a_mid_run_checkpoint(single_device_run, tmp_path):
     assert max_abs_diff(resumed.state.params, single_device_run.state.params) == 0.0
 
 
+def test_resuming_a_different_run_is_refused(tmp_path):
+    kwargs = dict(model_fn=model_fn, optimizer_config=OPT, batch_fn=batch_fn, num_steps=6, progress=False,
+                  workdir=tmp_path)
+    T.fit(**kwargs, stop_after=2, fingerprint="run-a")
+    with pytest.raises(ValueError, match="belongs to a run with different settings"):
+        T.fit(**kwargs, fingerprint="run-b")
+
+
 def test_training_reduces_the_loss_on_a_fixed_batch():
     fixed = batch_fn(0)
     opt = T.OptimizerConfig(learning_rate=3e-3, warmup_steps=0, total_steps=40)
