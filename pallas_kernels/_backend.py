@@ -1,0 +1,122 @@
+"""Backend resolution shared by every kernel package.
+
+One place decides, for a public kernel call,
+
+  * which implementation runs (`resolve_implementation`): "xla" (the pure-jnp
+    reference), "pallas_tpu" (Mosaic TPU) or "pallas_triton" (Pallas' Triton
+    backend on GPU). `implementation=None` means the best available: the Pallas
+    kernel for the default backend on TPU/GPU, the XLA reference on CPU (Pallas
+    runs on CPU only in the interpreter, which is slower than XLA). "pallas"
+    means the Pallas kernel for the default backend; on CPU that is the
+    interpreter with the Triton-shaped shell.
+  * whether the Pallas kernel is interpreted (`resolve_interpret`): None means
+    "interpret iff the default backend is CPU".
+  * the compiler parameters (`compiler_params`): their *type* selects the
+    backend (`pltpu.CompilerParams` or `pltriton.CompilerParams`); there is no
+    `backend=` argument any more. Interpret mode ignores them, so the same call
+    carries TPU or Triton parameters while being interpreted, which is what the
+    cross-lowering tests rely on.
+
+`lower_for(fn, *args, platform)` lowers a jitted call for "tpu" or "cuda" on a
+CPU-only machine: it catches TPU block-shape rules and Triton's power-of-two
+and no-scratch rules without the hardware (see PALLAS.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Callable, Sequence
+
+import jax
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "resolve_implementation",
+    "resolve_interpret",
+    "compiler_params",
+    "is_power_of_two",
+    "next_power_of_two",
+    "lower_for",
+    "quiet_triton_deprecation",
+]
+
+IMPLEMENTATIONS = ("xla", "pallas", "pallas_tpu", "pallas_triton")
+_TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
+
+
+def resolve_implementation(implementation: str | None, *, supported: Sequence[str] = ("pallas_tpu", "pallas_triton")) -> str:
+    """Maps the user's `implementation=` to "xla", "pallas_tpu" or "pallas_triton".
+
+    Raises:
+      ValueError: unknown implementation name.
+      NotImplementedError: a Pallas backend this op does not support.
+    """
+    if implementation is not None and implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None; got {implementation!r}")
+    backend = jax.default_backend()
+    if implementation == "xla":
+        return "xla"
+    if implementation is None:
+        if backend == "tpu" and "pallas_tpu" in supported:
+            return "pallas_tpu"
+        if backend == "gpu" and "pallas_triton" in supported:
+            return "pallas_triton"
+        return "xla"
+    if implementation == "pallas":
+        implementation = "pallas_tpu" if backend == "tpu" else "pallas_triton"
+    if implementation not in supported:
+        raise NotImplementedError(f"{implementation!r} is not implemented for this op; supported: {list(supported)}")
+    return implementation
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+    """None -> interpret iff the default backend is CPU."""
+    return jax.default_backend() == "cpu" if interpret is None else bool(interpret)
+
+
+def compiler_params(
+    implementation: str,
+    *,
+    dimension_semantics: Sequence[str] | None = None,
+    vmem_limit_bytes: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
+):
+    """Backend-typed compiler parameters for `pl.pallas_call`."""
+    if implementation == "pallas_tpu":
+        return pltpu.CompilerParams(
+            dimension_semantics=None if dimension_semantics is None else tuple(dimension_semantics),
+            vmem_limit_bytes=vmem_limit_bytes,
+        )
+    if implementation == "pallas_triton":
+        return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    raise ValueError(f"no compiler params for implementation {implementation!r}")
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+@contextlib.contextmanager
+def quiet_triton_deprecation():
+    """Silences exactly JAX 0.11's Triton-backend deprecation warning (and nothing else)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_TRITON_DEPRECATION)
+        yield
+
+
+def lower_for(fn: Callable, *args, platform: str) -> str:
+    """Lowers `jax.jit(fn)` for `platform` ("tpu" or "cuda") and returns the module text.
+
+    `args` may be `jax.ShapeDtypeStruct`s. Works on a CPU-only install.
+    """
+    with quiet_triton_deprecation():
+        lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,))
+    return lowered.as_text()
