@@ -5,6 +5,7 @@ kernel body, a public function with `implementation=` and `interpret=`, a
 frozen block-size config and a FLOPs/bytes cost model. `_backend` resolves
 implementations and builds backend-typed compiler parameters.
 
-Available: `decode_attention` (split-K flash decoding). Planned in issue 3:
-flash_attention (prefill), kv_quant, ffd_decode, benchmarks.
+Available: `decode_attention` (split-K flash decoding) and `flash_attention`
+(prefill, forward kernel, reference-VJP backward). Still to come in issue 3:
+kv_quant, ffd_decode, the benchmark script.
 """
