@@ -507,7 +507,7 @@ class ParkingPermitProblem(CoveringProblem):
         """Bottom-up DP over the laminar permit tree; returns per-type node values and buy decisions."""
         hit = np.zeros(self.horizon, bool)
         hit[req] = True
-        values, buys, any_hit = [], [], []
+        values, buys = [], []
         prev = None
         for j, (dur, cost) in enumerate(zip(self.durations, self.costs)):
             h = hit.reshape(-1, dur).any(1)
@@ -519,7 +519,6 @@ class ParkingPermitProblem(CoveringProblem):
             val = np.where(buy, cost, np.where(h, children, 0.0))
             values.append(val)
             buys.append(buy)
-            any_hit.append(h)
             prev = val
         return values, buys
 

@@ -555,7 +555,10 @@ def run_lazy(problem: CoveringProblem, requests, predicted, *, seed: int = 0, sh
              offline_solution: OfflineSolution | None = None, record: bool = False) -> RunResult:
     """Variant L (lazy trust) [spec design]: compute OFF(predicted) with its responsibility map; buy the
     elements responsible for a predicted request only when it arrives (and is not covered yet);
-    unpredicted uncovered requests go to a fresh ON on the residual instance, as in `run_trust`."""
+    unpredicted uncovered requests go to a fresh ON on the residual instance, as in `run_trust`. With
+    `share_owned` the residual ON is told about each lazily bought element as it is bought (the residual
+    instance then changes online, so ON's classical guarantee is a heuristic there; share_owned=False runs
+    a fully independent ON, for which cost <= cost(OFF(R_hat)) + rho(eta_miss) OPT(R) holds as in U)."""
     pol = _PredictionPolicy(problem, predicted, _streams(seed)[1], lazy=True, share_owned=share_owned,
                            offline_solution=offline_solution)
     return _drive(pol, problem, requests, record)
