@@ -119,6 +119,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " end-to-end throughput while keeping accuracy on RULER and LongBench."
         ),
         paper_result="up to 11.6x kernel speedup at 256K; up to 2.37x end-to-end",
+        status="implemented",
+        ours='8k-token sink+needle heads: delta=5 keeps 5.9% of pages, max rel err 0.12, 0.13x dense bytes; worst err top-delta .15 vs top-k .78 at equal budget',
     ),
     CatalogEntry(
         slug="qvg",
@@ -303,6 +305,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " approximation for many sets (m > 1)."
         ),
         paper_result="PTAS for m = 1; O(log n)-approximation for m > 1",
+        status="implemented",
+        ours='spec optima n=4..12 to 1e-6; PTAS gap <=.058 < eps; greedy/exhaustive 1.00; ALG/OPT >=.91; participation ratio 8->4.1 as k grows',
     ),
     CatalogEntry(
         slug="online_covering",
@@ -344,6 +348,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " analytically tractable and predicts user watch time."
         ),
         paper_result="closed-form FPT approximation (no numbers in spec)",
+        status="implemented",
+        ours='CDF error vs Volterra a=1->16: step 0.023->3e-6, decay 0.096->0.027, sinusoid flat; timing regret 2% at a=16; NLL 2.680 vs IG 2.706',
     ),
     CatalogEntry(
         slug="benchmark_game",
@@ -393,6 +399,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
         paper_result=(
             "beats PSG, matches or beats PDM; runtime flat in parameter dimension"
         ),
+        status="implemented",
+        ours='LS: SPF 1.2e-3 vs PDM 2.5e-3, PSG 0.91; logistic: SPF 6.8e-4 vs PDM 4.2e-4 (1.6x worse); time x5 vs fwd-PDM x358 over 97x params',
     ),
     # ------------------------------------------------------------------ statistics
     CatalogEntry(
@@ -416,6 +424,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
         paper_result=(
             "simulation MAE 0.092-0.112 vs 0.41-1.50 complete-case (T=8, n=512)"
         ),
+        status="verified",
+        ours="T=8, n=512: ProxFQE MAE 0.096-0.135 vs complete-case 0.38-1.49 (4 seeds); true values within 0.005 of the paper's",
     ),
     CatalogEntry(
         slug="anytime_cmf",
@@ -438,6 +448,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
             "type-I error held under continuous monitoring; power one (no numbers"
             " in spec)"
         ),
+        status="implemented",
+        ours='type-I <=.016 (peeked z .33-.38); blind-spot power GAAVI .94/.89 vs linear .02, discretized .01; E[tau] ratio 1.57 (spec 0.8-1.5)',
     ),
     CatalogEntry(
         slug="sysr",
@@ -487,6 +499,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
             "PT-VCP length 22.614 vs VCP 22.894 at equal coverage; shorter on 9/10"
             " datasets"
         ),
+        status="verified",
+        ours='a=.1: PT-VCP length 22.657 vs VCP 23.030 at coverage .900/.901; Gaussian noise: PT +0.29 longer; IS(PT) 26.2 vs Prop 4.2 27.1, VCP 0',
     ),
     CatalogEntry(
         slug="ppm",
@@ -507,6 +521,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " result at horizon 192: CRPS 0.3369, MSE 0.4474)."
         ),
         paper_result="ETTh1 (192): CRPS 0.3369, QICE 1.475%, MSE 0.4474, MAE 0.4326",
+        status="implemented",
+        ours='synthetic 7ch H=24: CRPS PPM 0.406 vs Gaussian 0.380 (bimodal); QICE 3.7/4.9% vs bootstrap 0.9/0.7%; 90% coverage 0.67/0.48',
     ),
     # ------------------------------------------------------------------ multimodal
     CatalogEntry(

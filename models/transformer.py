@@ -47,7 +47,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.kv_cache import KVCache, init_cache, write_tokens
+from pallas_kernels import decode_attention as decode_kernel
+from pallas_kernels import ffd_decode as ffd_kernel
 from primitives import attention as attn_lib
+from primitives import ffd as ffd_lib
+
+DECODE_ATTENTION = ("dense", "kernel", "ffd")
+FFD_SELECTORS = ("top_delta", "top_k", "quest")
 
 __all__ = [
     "TransformerConfig",
@@ -94,6 +100,19 @@ class TransformerConfig:
       ffn_activation: "silu" or "gelu" for the gated FFN.
       dtype: compute dtype ("float32" or "bfloat16"); parameters stay float32.
       init_std: std of the embedding init; other weights use 1/sqrt(fan_in).
+      decode_attention: how one-token decode steps over the KV cache attend: "dense" (the
+        reference attention, the default), "kernel" (the split-K `pallas_kernels.decode_attention`
+        dispatcher) or "ffd" (Faster Flash Decoding through `pallas_kernels.ffd_decode`: the cache
+        is paged and its keys quantized on the fly each step, so this is the method's semantics,
+        not its speed). Prefill always uses dense attention.
+      ffd_delta: FFD's threshold margin in log2 units.
+      ffd_page_size: FFD's page size in tokens.
+      ffd_bits: FFD's key code width (2 or 4).
+      ffd_selector: the page selector of the "ffd" mode: "top_delta" (FFD, through the kernel
+        dispatcher), or the baselines "top_k" (best pages by 2-bit scan maximum) and "quest" (best
+        pages by per-page min/max key bounds), which keep ``ceil(ffd_kept_fraction * full pages)``
+        pages per sequence and KV head.
+      ffd_kept_fraction: the budget selectors' kept fraction, in (0, 1].
     """
 
     vocab_size: int
@@ -110,6 +129,12 @@ class TransformerConfig:
     ffn_activation: str = "silu"
     dtype: str = "float32"
     init_std: float = 0.02
+    decode_attention: str = "dense"
+    ffd_delta: float = 5.0
+    ffd_page_size: int = 64
+    ffd_bits: int = 2
+    ffd_selector: str = "top_delta"
+    ffd_kept_fraction: float = 0.1
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff"):
@@ -130,6 +155,12 @@ class TransformerConfig:
             raise ValueError(f"ffn_activation must be one of {sorted(_ACTIVATIONS)}; got {self.ffn_activation!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16; got {self.dtype!r}")
+        if self.decode_attention not in DECODE_ATTENTION:
+            raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}; got {self.decode_attention!r}")
+        if self.ffd_selector not in FFD_SELECTORS:
+            raise ValueError(f"ffd_selector must be one of {FFD_SELECTORS}; got {self.ffd_selector!r}")
+        if not 0.0 < self.ffd_kept_fraction <= 1.0:
+            raise ValueError(f"ffd_kept_fraction must be in (0, 1]; got {self.ffd_kept_fraction}")
 
     @property
     def resolved_head_dim(self) -> int:
@@ -226,6 +257,9 @@ class Attention(nnx.Module):
         self.wo = _param(rngs, (h, d, D), ("heads", "head_dim", "embed"), 1 / math.sqrt(h * d))
         self.rope_base = config.rope_base
         self.dtype = config.compute_dtype
+        self.decode_mode = config.decode_attention
+        self.ffd = (config.ffd_delta, config.ffd_page_size, config.ffd_bits, config.ffd_selector,
+                    config.ffd_kept_fraction)
 
     def __call__(
         self,
@@ -253,15 +287,36 @@ class Attention(nnx.Module):
             k_all = write_tokens(layer_cache[0], k, cache_lengths)
             v_all = write_tokens(layer_cache[1], v, cache_lengths)
             new_cache = (k_all, v_all)
-            # Entries past the valid length lie after every valid query's position,
-            # so the causal mask alone hides them.
-            heads = attn_lib.attention(q, k_all.astype(self.dtype), v_all.astype(self.dtype),
-                                       causal=True, q_positions=positions)
+            if x.shape[1] == 1 and self.decode_mode != "dense":
+                heads = self._decode_step(q[:, 0], k_all.astype(self.dtype), v_all.astype(self.dtype),
+                                          cache_lengths + 1)[:, None]
+            else:
+                # Entries past the valid length lie after every valid query's position,
+                # so the causal mask alone hides them.
+                heads = attn_lib.attention(q, k_all.astype(self.dtype), v_all.astype(self.dtype),
+                                           causal=True, q_positions=positions)
         if head_mask is not None:
             heads = heads * _per_head(head_mask).astype(heads.dtype)
         if head_delta is not None:
             heads = heads + _per_head_vector(head_delta).astype(heads.dtype)
         return jnp.einsum("bthd,hdD->btD", heads, wo), heads, new_cache
+
+
+    def _decode_step(self, q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array) -> jax.Array:
+        """One query per sequence over its cache, through the configured kernel dispatcher."""
+        if self.decode_mode == "kernel":
+            return decode_kernel.decode_attention(q, k, v, lengths)
+        delta, page_size, bits, selector, fraction = self.ffd
+        cache = ffd_lib.build_cache(k, v, lengths, page_size=page_size, bits=bits)
+        if selector == "top_delta":
+            out = ffd_kernel.ffd_decode(q, cache, delta=float(delta))
+        else:
+            budget = jnp.ceil(fraction * cache.full_pages).astype(jnp.int32)
+            select = ffd_lib.top_k_keep if selector == "top_k" else ffd_lib.quest_keep
+            out = ffd_lib.sparse_decode(q, cache, select(q, cache, budget))
+        # Kept fraction of this step (an nnx.Intermediate: `nnx.pop(model, nnx.Intermediate)` reads it).
+        self.sow(nnx.Intermediate, "ffd_kept_fraction", ffd_lib.kept_fraction(out.keep, cache))
+        return out.out
 
 
 def _per_head(mask: jax.Array) -> jax.Array:

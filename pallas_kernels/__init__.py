@@ -5,7 +5,10 @@ kernel body, a public function with `implementation=` and `interpret=`, a
 frozen block-size config and a FLOPs/bytes cost model. `_backend` resolves
 implementations and builds backend-typed compiler parameters.
 
-Available: `decode_attention` (split-K flash decoding) and `flash_attention`
-(prefill, forward kernel, reference-VJP backward). Still to come in issue 3:
-kv_quant, ffd_decode, the benchmark script.
+Available: `flash_attention` (prefill, forward kernel, reference-VJP backward),
+`decode_attention` (split-K flash decoding), `kv_quant` (group-wise 2/4/8-bit
+quantize / dequantize and decode attention over packed K/V) and `ffd_decode`
+(Faster Flash Decoding: fused 2-bit scan, top-delta page selection, attention).
+`python -m pallas_kernels.bench` prints modeled FLOPs and bytes, measured XLA wall
+time and projected accelerator time per op.
 """

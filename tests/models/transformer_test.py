@@ -175,3 +175,25 @@ def test_model_works_in_nnx_tree_mode():
         graphdef, state = nnx.split(model)
         out = nnx.merge(graphdef, state)(tokens, cache=model.init_cache(2, 8))
     np.testing.assert_allclose(out.logits, graph_logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode, overrides, atol", [
+    ("kernel", {}, 1e-5),                                            # split-K decode dispatcher
+    ("ffd", {"ffd_delta": float("inf"), "ffd_page_size": 4}, 1e-4),  # every page kept: exact
+    ("ffd", {"ffd_delta": 0.0, "ffd_page_size": 4}, None),          # sparse: close, not equal
+    ("ffd", {"ffd_selector": "quest", "ffd_kept_fraction": 1.0, "ffd_page_size": 4}, 1e-4),  # baseline, all pages
+])
+def test_decode_attention_routes_through_kernels(mode, overrides, atol):
+    dense = Transformer(tiny_config(head_dim=16), rngs=nnx.Rngs(1))
+    routed = Transformer(tiny_config(head_dim=16, decode_attention=mode, **overrides), rngs=nnx.Rngs(1))
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, VOCAB, (2, 15)), jnp.int32)
+    lengths = jnp.array([14, 9])
+    outs = []
+    for m in (dense, routed):
+        graphdef, state = nnx.split(m)
+        cache = _forward(graphdef, state, tokens[:, :14], m.init_cache(2, 16), lengths).cache
+        outs.append(_forward(graphdef, state, tokens[jnp.arange(2), lengths][:, None], cache).logits)
+    if atol is None:
+        assert np.all(np.isfinite(np.asarray(outs[1]))) and not np.allclose(outs[0], outs[1], atol=1e-6)
+    else:
+        np.testing.assert_allclose(outs[1], outs[0], atol=atol)

@@ -1,0 +1,328 @@
+"""Public kv_quant ops: `quantize(x, ...)`, `dequantize(qt, ...)` and
+`quantized_decode_attention(q, k, v, lengths, ...)`.
+
+Dimension legend: `b` batch, `h` query heads, `k` key/value heads (h % k == 0), `s` cache capacity,
+`d` head dim, `n = 8 / bits` codes per byte, `G` group size.
+
+`quantize` has the contract of `primitives.quantization.quantize` for groups along the last axis
+(pack blocks = groups): the Pallas kernel produces bit-identical codes, scales and zero points
+(same float32 op order; round-half-even built from floor; on compiled Triton an explicit
+`div.rn.f32`, because Triton's `/` is approximate). `dequantize` is the inverse of that format,
+computed with the reference's `(u - offset) * s` / `u * s + z`.
+
+`quantized_decode_attention` is `primitives.attention.decode_attention` over the *dequantized* cache:
+K and V are `QuantizedTensor`s of shape [b, s, k, d] quantized along d (each may have its own bits,
+group size and scheme). The kernel reads the packed codes and scales (not a float copy), dequantizes
+each `block_k`-key tile right before its matmuls, splits the cache into `num_splits` parts processed
+in parallel and merges them with `primitives.attention.combine_partials`. A sequence of length 0
+gives zeros (lse -inf). `return_residuals=True` also returns the float32 logsumexp [b, h].
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_kernels import _backend
+from pallas_kernels.kv_quant.config import QuantDecodeBlockSizes, QuantizeBlockSizes
+from pallas_kernels.kv_quant.cost import dequantize_cost, quant_decode_cost, quantize_cost
+from pallas_kernels.kv_quant.kernel import dequantize_kernel, quant_decode_kernel, quantize_kernel, triton_div_rn
+from primitives import attention as attn_ref
+from primitives import quantization as qref
+
+__all__ = ["quantize", "dequantize", "quantized_decode_attention"]
+
+
+def _check_kernel_format(*, bits, group_size, last, implementation, what):
+    """Sub-slice rules of the kernels: G/n channels per matmul / store."""
+    n = 8 // bits
+    sub = group_size // n
+    if implementation == "pallas_triton" and (not _backend.is_power_of_two(sub) or not _backend.is_power_of_two(last)):
+        raise ValueError(f"Triton needs {what} group_size / (8 / bits) and the last dim powers of two; got "
+                         f"group_size={group_size}, bits={bits}, last dim={last}")
+
+
+def _row_tiling(rows, block_sizes, impl):
+    bs = block_sizes or QuantizeBlockSizes.default(rows=rows, implementation=impl)
+    bs.validate(impl)
+    return bs, -(-rows // bs.block_rows) * bs.block_rows
+
+
+@functools.partial(jax.jit, static_argnames=("bits", "group_size", "scheme", "scale_dtype", "block_sizes",
+                                             "implementation", "interpret"))
+def quantize(
+    x: jax.Array,
+    *,
+    bits: int,
+    group_size: int,
+    scheme: str = "symmetric",
+    scale_dtype=jnp.float32,
+    block_sizes: QuantizeBlockSizes | None = None,
+    implementation: str | None = None,
+    interpret: bool | None = None,
+) -> qref.QuantizedTensor:
+    """Group-wise quantization along the last axis with packed codes.
+
+    Args:
+      x: [..., d] float array (d divisible by group_size).
+      bits: 2, 4 or 8.  group_size: channels per group.  scheme: "symmetric" | "midrise" | "asymmetric".
+      scale_dtype: float32 | bfloat16 | float16 storage of scales (and zero points).
+      block_sizes: row tiling; default `QuantizeBlockSizes.default(...)`.
+      implementation: None | "xla" | "pallas" | "pallas_tpu" | "pallas_triton".
+      interpret: run the Pallas kernel in the interpreter (None = iff on CPU).
+
+    Returns:
+      `primitives.quantization.QuantizedTensor` (axis = last, pack_block = group_size).
+    """
+    if x.ndim < 1:
+        raise ValueError(f"x must have at least one dimension; got shape {x.shape}")
+    qref._check_x(x)
+    # Validates bits, scheme, group_size and scale_dtype with the reference's messages.
+    qref._check_layout(x.shape, bits=qref._check_bits(bits), group_size=group_size, axis=-1, pack_block=None)
+    qref._check_scheme(scheme)
+    sdt = qref._scale_dtype(scale_dtype)
+    impl = _backend.resolve_implementation(implementation)
+    if impl == "xla":
+        return qref.quantize(x, bits=bits, group_size=group_size, axis=-1, scheme=scheme, scale_dtype=sdt)
+
+    d = x.shape[-1]
+    n = 8 // bits
+    ng = d // group_size
+    _check_kernel_format(bits=bits, group_size=group_size, last=d, implementation=impl, what="x's")
+    rows = math.prod(x.shape[:-1])
+    if rows == 0:  # nothing to tile: the reference returns the empty arrays
+        return qref.quantize(x, bits=bits, group_size=group_size, axis=-1, scheme=scheme, scale_dtype=sdt)
+    bs, rp = _row_tiling(rows, block_sizes, impl)
+    x2 = x.reshape(rows, d)
+    if rp != rows:
+        x2 = jnp.pad(x2, ((0, rp - rows), (0, 0)))
+    asym = scheme == "asymmetric"
+    out_shape = [jax.ShapeDtypeStruct((rp, d // n), jnp.uint8), jax.ShapeDtypeStruct((rp, ng), sdt)]
+    out_specs = [pl.BlockSpec((bs.block_rows, d // n), lambda r: (r, 0)),
+                 pl.BlockSpec((bs.block_rows, ng), lambda r: (r, 0))]
+    if asym:
+        out_shape.append(jax.ShapeDtypeStruct((rp, ng), sdt))
+        out_specs.append(pl.BlockSpec((bs.block_rows, ng), lambda r: (r, 0)))
+    cost = quantize_cost(elements=rows * d, bits=bits, group_size=group_size, in_itemsize=x.dtype.itemsize,
+                         scale_itemsize=sdt.itemsize, asymmetric=asym)
+    interp = _backend.resolve_interpret(interpret)
+    div_fn = triton_div_rn if impl == "pallas_triton" and not interp else None
+    kernel = functools.partial(quantize_kernel, bits=bits, group_size=group_size, scheme=scheme, scale_dtype=sdt,
+                               div_fn=div_fn)
+    with _backend.quiet_triton_deprecation():
+        outs = pl.pallas_call(
+            kernel,
+            grid=(rp // bs.block_rows,),
+            in_specs=[pl.BlockSpec((bs.block_rows, d), lambda r: (r, 0))],
+            out_specs=out_specs,
+            out_shape=out_shape,
+            compiler_params=_backend.compiler_params(impl, dimension_semantics=("parallel",)),
+            interpret=interp,
+            cost_estimate=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed),
+                                          transcendentals=0),
+            name="kv_quantize",
+        )(x2)
+    lead = x.shape[:-1]
+    codes = outs[0][:rows].reshape(*lead, d // n)
+    scale = outs[1][:rows].reshape(*lead, ng)
+    zero = outs[2][:rows].reshape(*lead, ng) if asym else None
+    return qref.QuantizedTensor(codes=codes, scale=scale, zero=zero, bits=bits, group_size=group_size,
+                                axis=x.ndim - 1, scheme=scheme, pack_block=group_size, shape=tuple(x.shape),
+                                dtype=jnp.dtype(x.dtype).name)
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "block_sizes", "implementation", "interpret"))
+def dequantize(
+    qt: qref.QuantizedTensor,
+    *,
+    dtype=None,
+    block_sizes: QuantizeBlockSizes | None = None,
+    implementation: str | None = None,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """The values a `QuantizedTensor` stands for (as `primitives.quantization.dequantize`).
+
+    Args:
+      qt: a QuantizedTensor. The Pallas kernels need the format `quantize` writes (groups along the
+        last axis, pack_block == group_size); "xla" takes any format.
+      dtype: output dtype (default: the original dtype, `qt.dtype`).
+      block_sizes: row tiling; default `QuantizeBlockSizes.default(...)`.
+      implementation: None | "xla" | "pallas" | "pallas_tpu" | "pallas_triton".
+      interpret: run the Pallas kernel in the interpreter (None = iff on CPU).
+
+    Returns:
+      [*qt.shape] array in `dtype`.
+    """
+    if not isinstance(qt, qref.QuantizedTensor):
+        raise ValueError(f"qt must be a primitives.quantization.QuantizedTensor; got {type(qt).__name__}")
+    out_dtype = jnp.dtype(qt.dtype if dtype is None else dtype)
+    impl = _backend.resolve_implementation(implementation)
+    if impl == "xla":
+        return qref.dequantize(qt, out_dtype)
+    nd = len(qt.shape)
+    if qt.axis != nd - 1 or qt.pack_block != qt.group_size:
+        raise ValueError(f"qt must be quantized along the last axis with pack_block == group_size for the Pallas "
+                         f"kernel; got axis={qt.axis} (rank {nd}), pack_block={qt.pack_block}, "
+                         f"group_size={qt.group_size}")
+    d = qt.shape[-1]
+    _check_kernel_format(bits=qt.bits, group_size=qt.group_size, last=d, implementation=impl, what="qt's")
+    rows = math.prod(qt.shape[:-1])
+    if rows == 0:
+        return jnp.zeros(qt.shape, out_dtype)
+    bs, rp = _row_tiling(rows, block_sizes, impl)
+    n, ng = 8 // qt.bits, d // qt.group_size
+    asym = qt.scheme == "asymmetric"
+    arrays = [qt.codes.reshape(rows, d // n), qt.scale.reshape(rows, ng)] + ([qt.zero.reshape(rows, ng)] if asym else [])
+    if rp != rows:
+        arrays = [jnp.pad(a, ((0, rp - rows), (0, 0))) for a in arrays]
+    specs = [pl.BlockSpec((bs.block_rows, a.shape[-1]), lambda r: (r, 0)) for a in arrays]
+    cost = dequantize_cost(elements=rows * d, bits=qt.bits, group_size=qt.group_size, out_itemsize=out_dtype.itemsize,
+                           scale_itemsize=qt.scale.dtype.itemsize, asymmetric=asym)
+    kernel = functools.partial(dequantize_kernel, bits=qt.bits, group_size=qt.group_size, scheme=qt.scheme)
+    with _backend.quiet_triton_deprecation():
+        out = pl.pallas_call(
+            kernel,
+            grid=(rp // bs.block_rows,),
+            in_specs=specs,
+            out_specs=pl.BlockSpec((bs.block_rows, d), lambda r: (r, 0)),
+            out_shape=jax.ShapeDtypeStruct((rp, d), out_dtype),
+            compiler_params=_backend.compiler_params(impl, dimension_semantics=("parallel",)),
+            interpret=_backend.resolve_interpret(interpret),
+            cost_estimate=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed),
+                                          transcendentals=0),
+            name="kv_dequantize",
+        )(*arrays)
+    return out[:rows].reshape(qt.shape)
+
+
+def _check_cache(name, qt, q):
+    if not isinstance(qt, qref.QuantizedTensor):
+        raise ValueError(f"{name} must be a primitives.quantization.QuantizedTensor; got {type(qt).__name__}")
+    if len(qt.shape) != 4 or qt.axis != 3 or qt.pack_block != qt.group_size:
+        raise ValueError(f"{name} must be [b, s, k, d] quantized along d (axis=3) with pack_block == group_size; "
+                         f"got shape={qt.shape}, axis={qt.axis}, pack_block={qt.pack_block}, "
+                         f"group_size={qt.group_size}")
+    b, h, d = q.shape
+    if qt.shape[0] != b or qt.shape[3] != d:
+        raise ValueError(f"q {q.shape} and {name} {qt.shape} disagree on batch or head dim")
+    if h % qt.shape[2]:
+        raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({qt.shape[2]}) in {name}")
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_sizes", "return_residuals", "implementation",
+                                             "interpret"))
+def quantized_decode_attention(
+    q: jax.Array,
+    k: qref.QuantizedTensor,
+    v: qref.QuantizedTensor,
+    lengths: jax.Array,
+    *,
+    scale: float | None = None,
+    block_sizes: QuantDecodeBlockSizes | None = None,
+    return_residuals: bool = False,
+    implementation: str | None = None,
+    interpret: bool | None = None,
+):
+    """Decode attention of one query per sequence over a group-quantized KV cache.
+
+    Args:
+      q: [b, h, d] queries.
+      k, v: QuantizedTensor [b, s, k, d] quantized along d (e.g. `quantize(keys, bits=4, group_size=64)`).
+      lengths: [b] int, valid cache entries per sequence.
+      scale: logit scale (default 1/sqrt(d)).
+      block_sizes: tiling; default `QuantDecodeBlockSizes.default(...)`.
+      return_residuals: also return lse [b, h] float32.
+      implementation: None | "xla" (dequantize, then the reference) | "pallas" | "pallas_tpu" | "pallas_triton".
+      interpret: run the Pallas kernel in the interpreter (None = iff on CPU).
+
+    Returns:
+      out [b, h, d] in q's dtype (and lse [b, h]).
+    """
+    if q.ndim != 3:
+        raise ValueError(f"q must be [b, h, d]; got shape {q.shape}")
+    _check_cache("k", k, q)
+    _check_cache("v", v, q)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {k.shape}, v {v.shape}")
+    b, h, d = q.shape
+    s, kh = k.shape[1], k.shape[2]
+    if lengths.shape != (b,):
+        raise ValueError(f"lengths must have shape [b]=({b},); got {lengths.shape}")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    impl = _backend.resolve_implementation(implementation)
+    lengths = lengths.astype(jnp.int32)
+
+    if impl == "xla":
+        out, lse = attn_ref.decode_attention(q, qref.dequantize(k, jnp.float32), qref.dequantize(v, jnp.float32),
+                                             lengths, scale=scale, return_lse=True)
+        out = out.astype(q.dtype)
+        return (out, lse) if return_residuals else out
+
+    for name, qt in (("k", k), ("v", v)):
+        _check_kernel_format(bits=qt.bits, group_size=qt.group_size, last=d, implementation=impl, what=name)
+        if impl == "pallas_triton" and qt.group_size // (8 // qt.bits) < 16:
+            raise ValueError(f"Triton's dot needs >= 16 channels per sub-slice: {name} group_size / (8 / bits) = "
+                             f"{qt.group_size // (8 // qt.bits)} < 16")
+    lengths = jnp.clip(lengths, 0, s)  # entries past the capacity do not exist (the reference ignores them too)
+    bs = block_sizes or QuantDecodeBlockSizes.default(seq_len=s, batch=b, implementation=impl)
+    bs.validate(impl)
+    g = h // kh
+    gp = max(16, _backend.next_power_of_two(g)) if impl == "pallas_triton" else -(-g // 8) * 8
+    qg = q.reshape(b, kh, g, d)
+    if gp != g:
+        qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
+    chunk = bs.block_k * bs.num_splits
+    sp = max(1, -(-s // chunk)) * chunk  # an empty cache (s = 0) still gets one chunk, fully masked
+    pad = lambda a: a if sp == s else jnp.pad(a, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
+    split_len = sp // bs.num_splits
+
+    cache_arrays, cache_specs = [], []
+    for qt in (k, v):
+        for a in (qt.codes, qt.scale) + ((qt.zero,) if qt.scheme == "asymmetric" else ()):
+            cache_arrays.append(pad(a))
+            cache_specs.append(pl.BlockSpec((None, split_len, kh, a.shape[-1]), lambda i, j: (i, j, 0, 0)))
+    if impl == "pallas_tpu":
+        len_spec = pl.BlockSpec(memory_space=pltpu.SMEM)
+    else:
+        len_spec = pl.BlockSpec((b,), lambda i, j: (0,))
+    cost = quant_decode_cost(batch=b, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d, k_bits=k.bits,
+                             v_bits=v.bits, k_group=k.group_size, v_group=v.group_size,
+                             k_scale_itemsize=k.scale.dtype.itemsize,
+                             v_scale_itemsize=v.scale.dtype.itemsize, k_asymmetric=k.scheme == "asymmetric",
+                             v_asymmetric=v.scheme == "asymmetric", q_itemsize=q.dtype.itemsize)
+    kernel = functools.partial(quant_decode_kernel, k_meta=(k.bits, k.group_size, k.scheme),
+                               v_meta=(v.bits, v.group_size, v.scheme), block_k=bs.block_k, split_len=split_len,
+                               scale=scale)
+    stat_shape = jax.ShapeDtypeStruct((b, bs.num_splits, kh, gp, 1), jnp.float32)
+    with _backend.quiet_triton_deprecation():
+        o, m, l = pl.pallas_call(
+            kernel,
+            grid=(b, bs.num_splits),
+            in_specs=[len_spec, pl.BlockSpec((None, kh, gp, d), lambda i, j: (i, 0, 0, 0))] + cache_specs,
+            out_specs=[
+                pl.BlockSpec((None, None, kh, gp, d), lambda i, j: (i, j, 0, 0, 0)),
+                pl.BlockSpec((None, None, kh, gp, 1), lambda i, j: (i, j, 0, 0, 0)),
+                pl.BlockSpec((None, None, kh, gp, 1), lambda i, j: (i, j, 0, 0, 0)),
+            ],
+            out_shape=[jax.ShapeDtypeStruct((b, bs.num_splits, kh, gp, d), jnp.float32), stat_shape, stat_shape],
+            compiler_params=_backend.compiler_params(impl, dimension_semantics=("parallel", "parallel")),
+            interpret=_backend.resolve_interpret(interpret),
+            cost_estimate=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed),
+                                          transcendentals=int(cost.transcendentals)),
+            name="quantized_decode_attention",
+        )(lengths, qg, *cache_arrays)
+
+    o = o[:, :, :, :g].reshape(b, bs.num_splits, h, d)
+    m = m[:, :, :, :g, 0].reshape(b, bs.num_splits, h)
+    l = l[:, :, :, :g, 0].reshape(b, bs.num_splits, h)
+    safe_l = jnp.where(l > 0, l, 1.0)
+    part = o / safe_l[..., None]
+    part_lse = jnp.where(l > 0, m + jnp.log(safe_l), -jnp.inf)
+    merged = attn_ref.combine_partials(jnp.moveaxis(part, 1, 0), jnp.moveaxis(part_lse, 1, 0))
+    out = merged.out.astype(q.dtype)
+    return (out, merged.lse) if return_residuals else out

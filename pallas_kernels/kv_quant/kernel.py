@@ -1,0 +1,212 @@
+"""kv_quant kernel bodies (shared by Mosaic TPU, Triton and the interpreter).
+
+Both kernels work on the packed layout of `primitives.quantization` with groups along the last
+(channel) axis and pack blocks equal to the groups: group `gg` of `G` channels occupies bytes
+`[gg G/n, (gg+1) G/n)` and plane `i` of those bytes holds channels `gg G + i G/n + [0, G/n)`. Every
+tile is therefore handled as `n * d / G` contiguous "sub-slices" of `G/n` channels, read with static
+`pl.ds` ref slices: no reshape, concatenate or interleave inside a kernel, which keeps the body
+lowerable for both backends.
+
+`quantize_kernel` (grid over row blocks): for each group, reduce its sub-slices to the extrema,
+compute the stored scale (and zero point) exactly as the reference does, encode each sub-slice with
+a portable round-half-to-even, OR the planes together and store one byte slice.
+
+`dequantize_kernel` (grid over row blocks): unpack each plane of each group with one shift and one
+mask, apply `(u - offset) * s` (or `u * s + z`) exactly as the reference, store the sub-slice.
+
+`quant_decode_kernel` (grid (batch, num_splits), like the dense split-K decode kernel): per KV head,
+loop over `block_k`-key tiles of the split; in each tile unpack and dequantize K sub-slices
+(`(u - offset) * s` or `u * s + z`, s read as a [bk, 1] column), accumulate the logits as a sum of
+sub-slice matmuls, take the online-softmax step, dequantize V sub-slices and update one float32
+accumulator per V sub-slice. Outputs are the unnormalized partial output and per-row (m, l), merged
+in the wrapper with the shared log-sum-exp combine.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from primitives import quantization as qref
+
+MASK_VALUE = -1e30  # finite running-max start: exp(m_old - m_new) stays finite while all keys are masked
+
+
+def round_half_even(y: jax.Array) -> jax.Array:
+    """Round half to even from floor (Triton has no lowering for lax.round).
+
+    Equals `jnp.round` on every finite float32: `y - floor(y)` is exact, ties go to the even floor
+    or ceiling, and |y| >= 2^23 is already an integer (frac 0).
+    """
+    f = jnp.floor(y)
+    frac = y - f
+    f_odd = (f - 2.0 * jnp.floor(f * 0.5)) != 0.0
+    up = jnp.logical_or(frac > 0.5, jnp.logical_and(frac == 0.5, f_odd))
+    return jnp.where(up, f + 1.0, f)
+
+
+def triton_div_rn(a: jax.Array, b: jax.Array) -> jax.Array:
+    """IEEE (round-to-nearest-even) float32 division on the Triton backend.
+
+    Triton lowers `/` on float32 to PTX `div.full.f32` (about 2 ulp), which would move codes at
+    rounding boundaries away from the reference; `div.rn.f32` is the correctly rounded division
+    that XLA uses. Compiled Triton only (the interpreter has no inline assembly).
+    """
+    from jax.experimental.pallas import triton as pltriton
+
+    b = jnp.broadcast_to(b, a.shape)
+    (out,) = pltriton.elementwise_inline_asm(
+        "div.rn.f32 $0, $1, $2;", args=[a, b], constraints="=r,r,r", pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)])
+    return out
+
+
+def unpack_plane(byte: jax.Array, plane: int, bits: int) -> jax.Array:
+    """int32 bytes -> float32 codes of plane `plane`."""
+    return ((byte >> (bits * plane)) & (2**bits - 1)).astype(jnp.float32)
+
+
+def quantize_kernel(x_ref, *refs, bits: int, group_size: int, scheme: str, scale_dtype, div_fn=None):
+    """x_ref [br, d] -> c_ref [br, d/n] uint8, s_ref [br, d/G] (z_ref [br, d/G] if asymmetric).
+
+    `div_fn`: exact float32 division for backends whose `/` is approximate (None: `/`).
+    """
+    div = {} if div_fn is None else {"div_fn": div_fn}
+    if scheme == "asymmetric":
+        c_ref, s_ref, z_ref = refs
+    else:
+        (c_ref, s_ref), z_ref = refs, None
+    n = 8 // bits
+    sub = group_size // n
+    br, d = x_ref.shape
+    ng = d // group_size
+    col = jax.lax.broadcasted_iota(jnp.int32, (br, ng), 1)
+    scales = jnp.zeros((br, ng), jnp.float32)
+    zeros = jnp.zeros((br, ng), jnp.float32)
+    for gg in range(ng):  # static
+        parts = [x_ref[:, pl.ds(gg * group_size + i * sub, sub)].astype(jnp.float32) for i in range(n)]
+        if scheme == "asymmetric":
+            hi = parts[0].max(axis=-1, keepdims=True)
+            lo = parts[0].min(axis=-1, keepdims=True)
+            for p in parts[1:]:
+                hi = jnp.maximum(hi, p.max(axis=-1, keepdims=True))
+                lo = jnp.minimum(lo, p.min(axis=-1, keepdims=True))
+        else:
+            hi, lo = jnp.abs(parts[0]).max(axis=-1, keepdims=True), None
+            for p in parts[1:]:
+                hi = jnp.maximum(hi, jnp.abs(p).max(axis=-1, keepdims=True))
+        scale, zero = qref.scale_and_zero(hi, lo, bits=bits, scheme=scheme, scale_dtype=scale_dtype)
+        packed = None
+        for i, p in enumerate(parts):
+            u = qref.encode(p, scale, zero, bits=bits, scheme=scheme, round_fn=round_half_even, dtype=jnp.int32,
+                            **div)
+            packed = u if packed is None else packed | (u << (bits * i))
+        c_ref[:, pl.ds(gg * sub, sub)] = packed.astype(c_ref.dtype)
+        scales = jnp.where(col == gg, scale.astype(jnp.float32), scales)
+        if zero is not None:
+            zeros = jnp.where(col == gg, zero.astype(jnp.float32), zeros)
+    s_ref[...] = scales.astype(s_ref.dtype)
+    if z_ref is not None:
+        z_ref[...] = zeros.astype(z_ref.dtype)
+
+
+def dequantize_kernel(c_ref, s_ref, *refs, bits: int, group_size: int, scheme: str):
+    """c_ref [br, d/n] uint8, s_ref [br, d/G] (z_ref [br, d/G] if asymmetric) -> o_ref [br, d]."""
+    if scheme == "asymmetric":
+        z_ref, o_ref = refs
+    else:
+        (o_ref,), z_ref = refs, None
+    n = 8 // bits
+    sub = group_size // n
+    ng = o_ref.shape[-1] // group_size
+    for gg in range(ng):  # static
+        byte = c_ref[:, pl.ds(gg * sub, sub)].astype(jnp.int32)
+        s = s_ref[:, pl.ds(gg, 1)]
+        z = None if z_ref is None else z_ref[:, pl.ds(gg, 1)]
+        for i in range(n):
+            xhat = qref.decode(unpack_plane(byte, i, bits), s, z, bits=bits, scheme=scheme)
+            o_ref[:, pl.ds(gg * group_size + i * sub, sub)] = xhat.astype(o_ref.dtype)
+
+
+def dequant_subslices(c_ref, s_ref, z_ref, rows, h: int, *, bits: int, group_size: int, scheme: str):
+    """Dequantized float32 sub-slices [(channel offset, [bk, G/n])] of one tile of one KV head."""
+    n = 8 // bits
+    sub = group_size // n
+    ng = c_ref.shape[-1] // sub
+    out = []
+    for gg in range(ng):
+        byte = c_ref[rows, h, pl.ds(gg * sub, sub)].astype(jnp.int32)
+        s = s_ref[rows, h, pl.ds(gg, 1)]
+        z = None if z_ref is None else z_ref[rows, h, pl.ds(gg, 1)]
+        for i in range(n):
+            u = unpack_plane(byte, i, bits)
+            out.append((gg * group_size + i * sub, qref.decode(u, s, z, bits=bits, scheme=scheme)))
+    return out
+
+
+def quant_decode_kernel(len_ref, q_ref, *refs, k_meta: tuple, v_meta: tuple, block_k: int, split_len: int,
+                        scale: float):
+    """Split-K decode over quantized K/V.
+
+    refs: kc, ks, [kz], vc, vs, [vz], o, m, l, with kc/vc [split, k, d/n] uint8, ks/vs [split, k, d/G],
+    o [k, gp, d] float32, m/l [k, gp, 1]. `k_meta` / `v_meta` = (bits, group_size, scheme).
+    """
+    refs = list(refs)
+    kc_ref, ks_ref = refs.pop(0), refs.pop(0)
+    kz_ref = refs.pop(0) if k_meta[2] == "asymmetric" else None
+    vc_ref, vs_ref = refs.pop(0), refs.pop(0)
+    vz_ref = refs.pop(0) if v_meta[2] == "asymmetric" else None
+    o_ref, m_ref, l_ref = refs
+    k_bits, k_group, k_scheme = k_meta
+    v_bits, v_group, v_scheme = v_meta
+
+    i = pl.program_id(0)
+    j = pl.program_id(1)
+    length = len_ref[i]
+    start = j * split_len
+    num_tiles = split_len // block_k
+    remaining = jnp.maximum(length - start, 0)
+    # lax.div (truncating) on a non-negative value: floor division lowers through sign() on TPU.
+    live_tiles = jnp.minimum(jax.lax.div(remaining + block_k - 1, block_k), num_tiles)
+    num_kv_heads, gp, d = q_ref.shape
+    k_sub = k_group // (8 // k_bits)
+    v_sub = v_group // (8 // v_bits)
+    v_offsets = list(range(0, d, v_sub))
+
+    for h in range(num_kv_heads):  # static: each KV head with its query-head group
+        q_subs = [q_ref[h, :, pl.ds(c, k_sub)].astype(jnp.float32) * scale for c in range(0, d, k_sub)]
+
+        def body(t, carry, h=h, q_subs=q_subs):
+            m, l, accs = carry
+            offset = pl.multiple_of(t * block_k, block_k)
+            rows = pl.ds(offset, block_k)
+            k_parts = dequant_subslices(kc_ref, ks_ref, kz_ref, rows, h, bits=k_bits, group_size=k_group,
+                                        scheme=k_scheme)
+            s = None
+            for c, kh in k_parts:
+                part = jnp.dot(q_subs[c // k_sub], kh.T, preferred_element_type=jnp.float32)
+                s = part if s is None else s + part
+            key_pos = start + offset + jax.lax.broadcasted_iota(jnp.int32, (gp, block_k), 1)
+            s = jnp.where(key_pos < length, s, -jnp.inf)
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
+            p = jnp.exp(s - m_new)
+            alpha = jnp.exp(m - m_new)
+            l_new = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
+            row_pos = start + offset + jax.lax.broadcasted_iota(jnp.int32, (block_k, v_sub), 0)
+            v_parts = dequant_subslices(vc_ref, vs_ref, vz_ref, rows, h, bits=v_bits, group_size=v_group,
+                                        scheme=v_scheme)
+            new_accs = list(accs)
+            for c, vh in v_parts:
+                vh = jnp.where(row_pos < length, vh, 0.0)  # never a multiply: padding may be NaN
+                idx = c // v_sub
+                new_accs[idx] = alpha * accs[idx] + jnp.dot(p, vh, preferred_element_type=jnp.float32)
+            return m_new, l_new, tuple(new_accs)
+
+        init = (jnp.full((gp, 1), MASK_VALUE, jnp.float32), jnp.zeros((gp, 1), jnp.float32),
+                tuple(jnp.zeros((gp, v_sub), jnp.float32) for _ in v_offsets))
+        m, l, accs = jax.lax.fori_loop(0, live_tiles, body, init)
+        for c, acc in zip(v_offsets, accs):
+            o_ref[h, :, pl.ds(c, v_sub)] = acc
+        m_ref[h] = m
+        l_ref[h] = l

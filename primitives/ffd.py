@@ -1,0 +1,641 @@
+"""Faster Flash Decoding (FFD): top-delta page selection over low-bit key codes (the jnp reference).
+
+FFD ("Faster Than Flash: Exploiting Attention Sparsity for Efficient Long-Context Decoding", Liu et
+al., ICML 2026; spec: papers/specs/inference_moe.md section 2) speeds up the decode step of attention
+over a long cache by reading a 2-bit copy of the keys, skipping pages whose best score is far below a
+cheap reference maximum, and attending exactly only to the pages it keeps.
+
+Cache layout (per layer; ``b`` batch, ``s`` cache tokens, ``k`` KV heads, ``g`` query heads per KV
+head, ``h = k g`` query heads, ``d`` head dim, ``p`` pages of ``bs`` tokens, ``t`` token in a page):
+
+* the keys of every *full* page are quantized per (page, KV head, channel) with the symmetric scale
+  ``S = max_t |K| / o`` (``o = (2^bits - 1) / 2``: 1.5 for 2 bits, 7.5 for 4 bits; clamped at 1e-8)
+  and codes ``C = clip(round(K / S + o), 0, 2^bits - 1)`` (round half to even), so the levels are
+  ``Khat = (C - o) S`` and ``|K - Khat| <= S / 2``. Codes are packed ``n = 8 / bits`` per byte in
+  planes along the channel axis: byte ``j`` holds channels ``j, j + d/n, ..., j + (n-1) d/n`` (plane
+  ``i`` in bits ``bits*i ..``), so a kernel multiplies plane ``i`` with a contiguous slice of ``q * S``.
+  The residual ``R = K - Khat`` is kept (float32, bfloat16 or float8_e4m3fn, the code's choice);
+* the keys of the current, incomplete page stay exact; values are never quantized.
+
+Decode step, in base-2 units (``tau = d^-1/2``):
+
+    shat_j = tau log2(e) ((q * S) . C_j - o sum_d q_d S_d)       # = tau log2(e) q . Khat_j  (scan)
+    s_j    = shat_j + tau log2(e) q . R_j                         # refined score of kept pages
+    m_ref  = max(max_{j in page 0} shat_j, max_{j in last full page} shat_j)
+    keep(page) = any_{heads of the GQA group} max_{j in page} shat_j >= m_ref - delta
+
+and the output is the softmax over the kept pages' refined scores plus the current page's exact
+scores. ``delta`` is in log2 units as in the official code (``delta = 5`` keeps pages whose best
+weight is at least 2^-5 of the reference); :func:`delta_from_natural` converts the natural-log
+reading (``e^-delta``) of the README.
+
+This module is the readable reference: :func:`top_delta_keep` makes exactly the kernel's selection,
+:func:`sparse_decode` attends over any page selection (masked, every page computed), and
+:func:`ffd_decode` is the two together. The baselines select pages at a given count per (sequence,
+KV head): :func:`top_k_keep` (global top-k of the scan maxima: needs all page maxima before any
+attention, the synchronization FFD avoids) and :func:`quest_keep` (Quest: upper bounds from
+per-page per-channel min/max keys). :func:`dense_decode` is the exact reference. The fused Pallas
+kernel lives in ``pallas_kernels/ffd_decode``.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+    >>> q = jax.random.normal(kq, (1, 4, 16))                  # 4 query heads, d = 16
+    >>> keys = jax.random.normal(kk, (1, 100, 2, 16))          # 2 KV heads, 100 tokens
+    >>> values = jax.random.normal(kv, (1, 100, 2, 16))
+    >>> cache = build_cache(keys, values, jnp.array([100]), page_size=16)
+    >>> cache.codes.shape, cache.current_keys.shape            # 6 full pages, 4 tokens in the last
+    ((1, 2, 6, 16, 4), (1, 2, 16, 16))
+    >>> out = ffd_decode(q, cache, delta=float("inf"))         # keeps every page: exact attention
+    >>> bool(jnp.allclose(out.out, dense_decode(q, keys, values, jnp.array([100])), atol=1e-5))
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from primitives.attention import AttentionOutput, combine_partials, decode_attention
+
+__all__ = [
+    "LOG2E",
+    "FFDCache",
+    "FFDOutput",
+    "delta_from_natural",
+    "quantize_pages",
+    "dequantize_pages",
+    "pack_codes",
+    "unpack_codes",
+    "build_cache",
+    "scan_scores",
+    "page_maxima",
+    "reference_threshold",
+    "top_delta_keep",
+    "top_k_keep",
+    "quest_bounds",
+    "quest_keep",
+    "pages_partial",
+    "current_partial",
+    "merge_partials",
+    "sparse_decode",
+    "chunked_page_maxima",
+    "GatheredOutput",
+    "gathered_decode",
+    "fast_ffd_decode",
+    "DecodeProblem",
+    "synthetic_problem",
+    "ffd_decode",
+    "dense_decode",
+    "kept_fraction",
+    "modeled_bytes",
+]
+
+LOG2E = math.log2(math.e)
+_RESIDUAL_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float8_e4m3fn)
+_CHUNK_BYTES = 2 << 20  # unpacked float codes per scan chunk: about an L2 cache
+
+
+class FFDCache(NamedTuple):
+    """One layer's FFD key/value cache, head-major (each KV head's pages are contiguous).
+
+    Attributes:
+      codes: [b, k, p, bs, d * bits / 8] uint8 packed key codes of every page slot.
+      scales: [b, k, p, d] float32 per-page per-channel scales.
+      residual: [b, k, p, bs, d] ``K - Khat`` (float32, bfloat16 or float8_e4m3fn).
+      values: [b, k, p, bs, d] exact values of the pages.
+      current_keys: [b, k, bs, d] exact keys of the incomplete page (tokens ``full_pages * bs`` ..
+        ``lengths - 1``; zero beyond).
+      current_values: [b, k, bs, d] its values.
+      lengths: [b] int32 valid tokens.
+      page_min: [b, k, p, d] per-page per-channel key minimum (Quest metadata; the baseline only).
+      page_max: [b, k, p, d] per-page per-channel key maximum.
+
+    Pages at index >= ``full_pages = lengths // bs`` are not valid and never read.
+    """
+
+    codes: jax.Array
+    scales: jax.Array
+    residual: jax.Array
+    values: jax.Array
+    current_keys: jax.Array
+    current_values: jax.Array
+    lengths: jax.Array
+    page_min: jax.Array
+    page_max: jax.Array
+
+    @property
+    def page_size(self) -> int:
+        return self.codes.shape[3]
+
+    @property
+    def num_pages(self) -> int:
+        return self.codes.shape[2]
+
+    @property
+    def bits(self) -> int:
+        return 8 * self.codes.shape[-1] // self.scales.shape[-1]
+
+    @property
+    def full_pages(self) -> jax.Array:
+        return self.lengths // self.page_size
+
+    @property
+    def valid_pages(self) -> jax.Array:
+        """[b, p] bool: the page is full and holds cached tokens."""
+        return jnp.arange(self.num_pages)[None, :] < self.full_pages[:, None]
+
+
+class FFDOutput(NamedTuple):
+    """Result of one FFD decode step.
+
+    Attributes:
+      out: [b, h, d] attention output (q's dtype).
+      lse: [b, h] natural-log logsumexp of the attended scores.
+      keep: [b, k, p] bool pages attended (the whole GQA group shares a page).
+      threshold: [b, h] ``m_ref - delta`` in log2 units (-inf with no full page).
+    """
+
+    out: jax.Array
+    lse: jax.Array
+    keep: jax.Array
+    threshold: jax.Array
+
+
+def delta_from_natural(delta_natural: float) -> float:
+    """Converts a natural-log margin (pages below ``e^-delta`` of the max) to FFD's log2 ``delta``."""
+    return float(delta_natural) * LOG2E
+
+
+def _offset(bits: int) -> float:
+    return (2**bits - 1) / 2
+
+
+def _check_bits(bits: int) -> int:
+    if bits not in (2, 4):
+        raise ValueError(f"bits must be 2 or 4, got {bits!r}")
+    return bits
+
+
+def pack_codes(codes: jax.Array, bits: int) -> jax.Array:
+    """Packs integer codes in [0, 2^bits) along the last axis into uint8 planes.
+
+    With ``n = 8 // bits`` codes per byte and ``c = d // n`` bytes, byte ``j`` holds channel
+    ``i * c + j`` in bits ``bits * i .. bits * i + bits - 1`` (``i = 0 .. n-1``).
+    """
+    per_byte = 8 // _check_bits(bits)
+    d = codes.shape[-1]
+    if d % per_byte:
+        raise ValueError(f"the last axis ({d}) must be a multiple of {per_byte} to pack {bits}-bit codes")
+    planes = codes.astype(jnp.uint8).reshape(*codes.shape[:-1], per_byte, d // per_byte)
+    shifts = (jnp.arange(per_byte, dtype=jnp.uint8) * bits).astype(jnp.uint8)[:, None]
+    return jnp.bitwise_or.reduce(jnp.left_shift(planes, shifts), axis=-2).astype(jnp.uint8)
+
+
+def unpack_codes(packed: jax.Array, bits: int) -> jax.Array:
+    """Inverse of :func:`pack_codes`: uint8 codes with ``8 // bits`` times as many channels."""
+    per_byte = 8 // _check_bits(bits)
+    shifts = (jnp.arange(per_byte, dtype=jnp.uint8) * bits).astype(jnp.uint8)[:, None]
+    planes = jnp.bitwise_and(jnp.right_shift(packed[..., None, :], shifts), jnp.uint8(2**bits - 1))
+    return planes.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)
+
+
+def quantize_pages(pages: jax.Array, bits: int = 2) -> tuple[jax.Array, jax.Array]:
+    """Per-page per-channel symmetric quantization of key pages ``[..., bs, d]``.
+
+    The scale is the maximum over the page's tokens (axis ``-2``) of ``|K|``, divided by ``o``.
+
+    Returns:
+      ``(codes uint8 [..., bs, d] unpacked, scales float32 [..., d])``.
+    """
+    _check_bits(bits)
+    o = _offset(bits)
+    x = pages.astype(jnp.float32)
+    scales = jnp.maximum(jnp.max(jnp.abs(x), axis=-2) / o, 1e-8)
+    codes = jnp.clip(jnp.round(x / scales[..., None, :] + o), 0, 2**bits - 1)
+    return codes.astype(jnp.uint8), scales
+
+
+def dequantize_pages(codes: jax.Array, scales: jax.Array, bits: int = 2) -> jax.Array:
+    """``Khat = (C - o) S`` for unpacked codes ``[..., bs, d]`` and scales ``[..., d]``."""
+    return (codes.astype(jnp.float32) - _offset(bits)) * scales[..., None, :]
+
+
+def _current_page(x: jax.Array, full: jax.Array, lengths: jax.Array, page_size: int) -> jax.Array:
+    """[b, s, k, d] -> [b, k, bs, d]: tokens ``full * bs .. lengths - 1`` (zero beyond)."""
+    padded = jnp.pad(x, ((0, 0), (0, page_size), (0, 0), (0, 0)))
+    cur = jax.vmap(lambda xb, start: jax.lax.dynamic_slice_in_dim(xb, start, page_size, axis=0))(
+        padded, full * page_size)
+    live = full[:, None] * page_size + jnp.arange(page_size)[None, :] < lengths[:, None]
+    return jnp.where(live[:, :, None, None], cur, 0).transpose(0, 2, 1, 3)
+
+
+def build_cache(keys: jax.Array, values: jax.Array, lengths: jax.Array, *, page_size: int = 128,
+                bits: int = 2, residual_dtype=jnp.float32) -> FFDCache:
+    """Builds the FFD cache of a dense cache (what an FFD-enabled KV cache stores incrementally).
+
+    Args:
+      keys: [b, s, k, d] cached keys in the model's layout (entries >= lengths ignored).
+      values: [b, s, k, d] cached values.
+      lengths: [b] int valid tokens per sequence, in [0, s].
+      page_size: tokens per page ``bs``.
+      bits: key code width, 2 (the paper's default) or 4.
+      residual_dtype: storage of ``K - Khat``: float32 (exact refinement), bfloat16 or
+        float8_e4m3fn (the code's FP8 residual).
+
+    Returns:
+      :class:`FFDCache` with ``p = s // page_size`` page slots.
+    """
+    _check_bits(bits)
+    if keys.ndim != 4 or values.shape != keys.shape:
+        raise ValueError(f"keys and values must be [b, s, k, d] of one shape; got {keys.shape}, {values.shape}")
+    b, s, kh, d = keys.shape
+    if not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+    if d % (8 // bits):
+        raise ValueError(f"head_dim ({d}) must be a multiple of {8 // bits} for {bits}-bit packing")
+    if jnp.dtype(residual_dtype) not in [jnp.dtype(t) for t in _RESIDUAL_DTYPES]:
+        raise ValueError(f"residual_dtype must be one of float32, bfloat16, float8_e4m3fn; got {residual_dtype}")
+    lengths = jnp.asarray(lengths, jnp.int32)
+    if lengths.shape != (b,):
+        raise ValueError(f"lengths must have shape ({b},), got {lengths.shape}")
+    p = s // page_size
+
+    def head_major(x):  # [b, s, k, d] -> [b, k, p, bs, d]
+        return x[:, : p * page_size].reshape(b, p, page_size, kh, d).transpose(0, 3, 1, 2, 4)
+
+    pages = head_major(keys.astype(jnp.float32))
+    codes, scales = quantize_pages(pages, bits)
+    residual = (pages - dequantize_pages(codes, scales, bits)).astype(residual_dtype)
+    full = lengths // page_size
+    page_min, page_max = quest_bounds(pages)
+    return FFDCache(codes=pack_codes(codes, bits), scales=scales, residual=residual, values=head_major(values),
+                    current_keys=_current_page(keys, full, lengths, page_size),
+                    current_values=_current_page(values, full, lengths, page_size), lengths=lengths,
+                    page_min=page_min, page_max=page_max)
+
+
+def _grouped(q: jax.Array, cache: FFDCache) -> jax.Array:
+    b, h, d = q.shape
+    kh = cache.scales.shape[1]
+    if cache.scales.shape[0] != b or cache.scales.shape[-1] != d:
+        raise ValueError(f"q {q.shape} does not match the cache (scales {cache.scales.shape})")
+    if h % kh:
+        raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({kh})")
+    return q.astype(jnp.float32).reshape(b, kh, h // kh, d)
+
+
+def scan_scores(q: jax.Array, cache: FFDCache) -> jax.Array:
+    """Base-2 scan scores ``shat`` [b, k, g, p, bs] from the packed codes (invalid pages included)."""
+    qg = _grouped(q, cache)
+    tau = LOG2E / math.sqrt(q.shape[-1])
+    qs = qg[:, :, :, None] * cache.scales[:, :, None]  # [b, k, g, p, d]
+    c = unpack_codes(cache.codes, cache.bits).astype(jnp.float32)  # [b, k, p, t, d]
+    dot = jnp.einsum("bkgpd,bkptd->bkgpt", qs, c)
+    return tau * (dot - _offset(cache.bits) * jnp.sum(qs, axis=-1)[..., None])
+
+
+def page_maxima(scores: jax.Array, cache: FFDCache) -> jax.Array:
+    """Per-head page maxima [b, k, g, p] of token scores [b, k, g, p, bs]; -inf on invalid pages."""
+    m = jnp.max(scores, axis=-1)
+    return jnp.where(cache.valid_pages[:, None, None, :], m, -jnp.inf)
+
+
+def reference_threshold(q: jax.Array, cache: FFDCache, delta: float) -> jax.Array:
+    """``m_ref - delta`` [b, k, g] from the first and the last full page only (-inf without one)."""
+    if not delta >= 0:
+        raise ValueError(f"delta must be >= 0 (log2 units; inf keeps all pages), got {delta}")
+    last = jnp.maximum(cache.full_pages - 1, 0)
+    two = jnp.stack([jnp.zeros_like(last), last], axis=1)  # [b, 2] page indices
+
+    def pick(x):  # [b, k, p, ...] -> [b, k, 2, ...]
+        return jax.vmap(lambda xb, ib: jnp.take(xb, ib, axis=1))(x, two)
+
+    ref = cache._replace(codes=pick(cache.codes), scales=pick(cache.scales))
+    shat = scan_scores(q, ref)  # [b, k, g, 2, bs]
+    m_ref = jnp.max(shat, axis=(-2, -1))
+    m_ref = jnp.where(cache.full_pages[:, None, None] > 0, m_ref, -jnp.inf)
+    return m_ref - delta if math.isfinite(delta) else jnp.full_like(m_ref, -jnp.inf)
+
+
+def top_delta_keep(q: jax.Array, cache: FFDCache, delta: float) -> tuple[jax.Array, jax.Array]:
+    """FFD's selection: ``(keep [b, k, p] bool, threshold [b, h] log2 units)``.
+
+    ``delta`` in log2 units (>= 0, ``inf`` keeps every valid page). The reference maximum is taken
+    over the first and the last full page only; a page is kept for the whole GQA group when any of
+    its heads reaches the threshold.
+    """
+    th = reference_threshold(q, cache, delta)  # [b, k, g]
+    m = page_maxima(scan_scores(q, cache), cache)  # [b, k, g, p]
+    keep = jnp.any(m >= th[..., None], axis=2) & cache.valid_pages[:, None, :]
+    return keep, th.reshape(q.shape[0], -1)
+
+
+def _top_pages(page_scores: jax.Array, valid: jax.Array, num_pages) -> jax.Array:
+    """keep [b, k, p]: the ``num_pages`` highest-scoring valid pages per (b, k) (ties: lower index).
+
+    ``num_pages`` is an int or a [b] int array (a budget per sequence).
+    """
+    if isinstance(num_pages, (int, float)):
+        if num_pages < 0:
+            raise ValueError(f"num_pages must be >= 0, got {num_pages}")
+        n = jnp.asarray(int(num_pages))
+    else:
+        n = jnp.asarray(num_pages)
+        if n.shape != (page_scores.shape[0],):
+            raise ValueError(f"num_pages must be an int or have shape ({page_scores.shape[0]},), got {n.shape}")
+        n = n[:, None, None]
+    scores = jnp.where(valid, page_scores, -jnp.inf)
+    rank = jnp.argsort(jnp.argsort(-scores, axis=-1, stable=True), axis=-1, stable=True)
+    return (rank < n) & valid
+
+
+def top_k_keep(q: jax.Array, cache: FFDCache, num_pages) -> jax.Array:
+    """Baseline: global top-k pages per (b, KV head) by the group's max scan score (needs a full pass)."""
+    m = jnp.max(page_maxima(scan_scores(q, cache), cache), axis=2)
+    return _top_pages(m, cache.valid_pages[:, None, :], num_pages)
+
+
+def quest_bounds(pages: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Quest metadata: per-page per-channel min and max over tokens of keys ``[..., bs, d]``."""
+    x = pages.astype(jnp.float32)
+    return jnp.min(x, axis=-2), jnp.max(x, axis=-2)
+
+
+def quest_keep(q: jax.Array, cache: FFDCache, num_pages) -> jax.Array:
+    """Baseline (Quest): top-k pages by the bound ``max_t q.k_t <= sum_d max(q_d min_d, q_d max_d)``."""
+    qg = _grouped(q, cache)[:, :, :, None]  # [b, k, g, 1, d]
+    lo, hi = cache.page_min[:, :, None], cache.page_max[:, :, None]  # [b, k, 1, p, d]
+    upper = jnp.sum(jnp.maximum(qg * lo, qg * hi), axis=-1)  # [b, k, g, p]
+    return _top_pages(jnp.max(upper, axis=2), cache.valid_pages[:, None, :], num_pages)
+
+
+def pages_partial(q: jax.Array, cache: FFDCache, attend: jax.Array, *, use_residual: bool = True) -> AttentionOutput:
+    """Softmax partial over the page slots of ``cache`` marked in ``attend`` [b, k, p] (refined scores).
+
+    The slots need not be the cache's own page order: the gathered fast path passes a cache whose
+    codes, scales, residual and values hold only the selected pages. Returns ``AttentionOutput(out
+    [b, h, d] float32, lse [b, h] natural log, -inf where nothing is attended)``.
+    """
+    b, h, d = q.shape
+    kh, p, bs = cache.scales.shape[1], cache.codes.shape[2], cache.page_size
+    qg = _grouped(q, cache)
+    tau = LOG2E / math.sqrt(d)
+    scores = scan_scores(q, cache)  # [b, k, g, p, t]
+    if use_residual:
+        scores = scores + tau * jnp.einsum("bkgd,bkptd->bkgpt", qg, cache.residual.astype(jnp.float32))
+    scores = jnp.where(attend[:, :, None, :, None], scores, -jnp.inf).reshape(b, kh, -1, p * bs)
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    w = jnp.exp2(scores - m_safe)
+    l_pages = jnp.sum(w, axis=-1)
+    v_pages = cache.values.astype(jnp.float32).reshape(b, kh, p * bs, d)
+    o_pages = jnp.einsum("bkgs,bksd->bkgd", w, v_pages) / jnp.maximum(l_pages, 1e-30)[..., None]
+    lse = jnp.where(l_pages > 0, (m_safe[..., 0] + jnp.log2(jnp.maximum(l_pages, 1e-30))) / LOG2E, -jnp.inf)
+    return AttentionOutput(o_pages.reshape(b, h, d), lse.reshape(b, h))
+
+
+def current_partial(q: jax.Array, cache: FFDCache) -> AttentionOutput:
+    """Exact attention over the current, incomplete page (``lse = -inf`` when it is empty)."""
+    cur = decode_attention(q, cache.current_keys.transpose(0, 2, 1, 3), cache.current_values.transpose(0, 2, 1, 3),
+                           cache.lengths - cache.full_pages * cache.page_size, return_lse=True)
+    return AttentionOutput(cur.out.astype(jnp.float32), cur.lse)
+
+
+def merge_partials(q: jax.Array, parts: list[AttentionOutput]) -> AttentionOutput:
+    """Log-sum-exp merge of partials over disjoint key sets, output in ``q``'s dtype."""
+    merged = combine_partials(jnp.stack([o.out for o in parts]), jnp.stack([o.lse for o in parts]))
+    return AttentionOutput(merged.out.astype(q.dtype), merged.lse)
+
+
+def sparse_decode(q: jax.Array, cache: FFDCache, keep: jax.Array, *, use_residual: bool = True) -> FFDOutput:
+    """Attention over the kept pages (refined scores) plus the exact current page.
+
+    Every page is computed and the dropped ones masked: this is the semantics, not the fast path.
+
+    Args:
+      q: [b, h, d] queries of the newest tokens.
+      cache: the FFD cache.
+      keep: [b, k, p] bool pages to attend (invalid pages are ignored).
+      use_residual: refine kept pages' scan scores with the residual (False: attend with the
+        low-bit keys, the ablation).
+
+    Returns:
+      :class:`FFDOutput` (``threshold`` is NaN: no threshold was used).
+    """
+    b, h, _ = q.shape
+    want = (b, cache.scales.shape[1], cache.num_pages)
+    if keep.shape != want:
+        raise ValueError(f"keep must have shape {want}, got {keep.shape}")
+    attend = keep & cache.valid_pages[:, None, :]
+    merged = merge_partials(q, [pages_partial(q, cache, attend, use_residual=use_residual), current_partial(q, cache)])
+    return FFDOutput(out=merged.out, lse=merged.lse, keep=attend, threshold=jnp.full((b, h), jnp.nan, jnp.float32))
+
+
+def ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, use_residual: bool = True) -> FFDOutput:
+    """One FFD decode step: top-delta selection on the codes, then attention over the kept pages.
+
+    Args:
+      q: [b, h, d] queries (``h`` a multiple of the cache's KV heads).
+      cache: :class:`FFDCache` from :func:`build_cache`.
+      delta: margin in log2 units (5.0 the paper's default, 7.0 "conservative", ``inf`` = dense).
+      use_residual: refine kept pages with the residual.
+
+    Returns:
+      :class:`FFDOutput`.
+    """
+    keep, th = top_delta_keep(q, cache, delta)
+    return sparse_decode(q, cache, keep, use_residual=use_residual)._replace(threshold=th)
+
+
+def _default_chunk(cache: FFDCache) -> int:
+    b, kh, p, bs, _ = cache.codes.shape
+    per_page = b * kh * bs * cache.scales.shape[-1] * 4
+    chunk = max(1, min(p, _CHUNK_BYTES // max(per_page, 1)))
+    while p % chunk:  # a divisor of p, so every chunk is full
+        chunk -= 1
+    return chunk
+
+
+def chunked_page_maxima(q: jax.Array, cache: FFDCache, *, chunk_pages: int | None = None) -> jax.Array:
+    """Per-head page maxima [b, k, g, p] of the base-2 scan scores, ``chunk_pages`` pages at a time.
+
+    Equals ``page_maxima(scan_scores(q, cache), cache)`` up to float summation order, without a full
+    unpacked float copy of the codes (XLA does not fuse the unpacking into the dot, and such a copy
+    costs as much as reading dense keys). Codes are unpacked plane by plane (one shift and mask each) and multiplied
+    with the matching contiguous channel slice of ``q * scale``.
+    """
+    b, kh, p, bs, w = cache.codes.shape
+    d = q.shape[-1]
+    qg = _grouped(q, cache) * (LOG2E / math.sqrt(d))  # [b, k, g, d]
+    if p == 0:
+        return jnp.zeros((b, kh, qg.shape[2], 0), jnp.float32)
+    chunk = _default_chunk(cache) if chunk_pages is None else int(chunk_pages)
+    if chunk < 1 or p % chunk:
+        raise ValueError(f"chunk_pages must be a positive divisor of the page count {p}; got {chunk_pages}")
+    bits, n = cache.bits, 8 // cache.bits
+    offset = (2**bits - 1) / 2
+
+    codes = jnp.moveaxis(cache.codes.reshape(b, kh, p // chunk, chunk, bs, w), 2, 0)
+    scales = jnp.moveaxis(cache.scales.reshape(b, kh, p // chunk, chunk, d), 2, 0)
+
+    def one_chunk(args):
+        c, s = args  # [b, k, chunk, bs, w], [b, k, chunk, d]
+        qs = qg[:, :, :, None] * s[:, :, None]  # [b, k, g, chunk, d]
+        dot = 0.0
+        for i in range(n):
+            plane = ((c >> (bits * i)) & (2**bits - 1)).astype(jnp.float32)
+            dot = dot + jnp.einsum("bkgpc,bkptc->bkgpt", qs[..., i * w:(i + 1) * w], plane)
+        return jnp.max(dot - offset * jnp.sum(qs, axis=-1)[..., None], axis=-1)  # [b, k, g, chunk]
+
+    m = jax.lax.map(one_chunk, (codes, scales))  # [p/chunk, b, k, g, chunk]
+    m = jnp.moveaxis(m, 0, 3).reshape(b, kh, -1, p)
+    return jnp.where(cache.valid_pages[:, None, None, :], m, -jnp.inf)
+
+
+class GatheredOutput(NamedTuple):
+    """Result of :func:`gathered_decode`: ``out`` [b, h, d], ``lse`` [b, h], ``keep`` [b, k, p] pages
+    attended, ``overflow`` [b, k] int32 selected pages dropped beyond the capacity."""
+
+    out: jax.Array
+    lse: jax.Array
+    keep: jax.Array
+    overflow: jax.Array
+
+
+def gathered_decode(q: jax.Array, cache: FFDCache, keep: jax.Array, priority: jax.Array, *, capacity: int,
+                    use_residual: bool = True) -> GatheredOutput:
+    """The XLA fast path: gather at most ``capacity`` selected pages per (b, KV head), then attend.
+
+    XLA needs static shapes, so the gather has a static ``capacity``; when more pages are selected,
+    those with the lowest ``priority`` (e.g. the scan maximum) are dropped and counted in
+    ``overflow``. With ``capacity >= `` the selected count the result equals :func:`sparse_decode`.
+    Only the gathered pages' codes, scales, residual and values are read.
+
+    Args:
+      q: [b, h, d] queries; cache: the FFD cache.
+      keep: [b, k, p] bool selected pages; priority: [b, k, p] float, higher is kept first.
+      capacity: positive int page budget (clipped at the page count).
+      use_residual: refine the gathered pages' scan scores with the residual.
+    """
+    if not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity must be a positive int (pages per sequence and KV head), got {capacity!r}")
+    cap = min(capacity, cache.num_pages)
+    keep = keep & cache.valid_pages[:, None, :]
+    none = jnp.zeros(keep.shape[:2], jnp.int32)
+    if cap == 0:  # no page slots: only the current page
+        cur = current_partial(q, cache)
+        return GatheredOutput(cur.out.astype(q.dtype), cur.lse, keep, none)
+    _, idx = jax.lax.top_k(jnp.where(keep, priority, -jnp.inf), cap)  # [b, k, cap]: selected first
+    picked = jnp.take_along_axis(keep, idx, axis=-1)
+
+    def gather(x):  # [b, k, p, ...] -> [b, k, cap, ...]
+        return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 3)), axis=2)
+
+    sub = cache._replace(codes=gather(cache.codes), scales=gather(cache.scales), residual=gather(cache.residual),
+                         values=gather(cache.values))
+    merged = merge_partials(q, [pages_partial(q, sub, picked, use_residual=use_residual), current_partial(q, cache)])
+    bi, ki = jnp.arange(keep.shape[0])[:, None, None], jnp.arange(keep.shape[1])[None, :, None]
+    attended = jnp.zeros_like(keep).at[bi, ki, idx].max(picked)
+    overflow = (jnp.sum(keep, axis=-1) - jnp.sum(picked, axis=-1)).astype(jnp.int32)
+    return GatheredOutput(merged.out, merged.lse, attended, overflow)
+
+
+def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capacity: int | None = None,
+                    use_residual: bool = True, chunk_pages: int | None = None) -> GatheredOutput:
+    """FFD on XLA without the kernel: chunked scan, top-delta selection, gathered attention.
+
+    Same selection as :func:`top_delta_keep`; the result equals :func:`ffd_decode` whenever
+    ``capacity`` (default: all pages) covers the kept pages.
+    """
+    th = reference_threshold(q, cache, delta)
+    m = chunked_page_maxima(q, cache, chunk_pages=chunk_pages)  # [b, k, g, p]
+    keep = jnp.any(m >= th[..., None], axis=2)
+    return gathered_decode(q, cache, keep, jnp.max(m, axis=2), capacity=max(cache.num_pages, 1) if capacity is None else capacity,
+                           use_residual=use_residual)
+
+
+class DecodeProblem(NamedTuple):
+    """A synthetic decode step: ``q`` [b, h, d], ``keys``/``values`` [b, s, k, d], ``lengths`` [b],
+    ``peaked`` [b, k] bool (which KV heads have sink-and-needle attention)."""
+
+    q: jax.Array
+    keys: jax.Array
+    values: jax.Array
+    lengths: jax.Array
+    peaked: jax.Array
+
+
+def synthetic_problem(key: jax.Array, *, batch: int, tokens: int, kv_heads: int, group: int, head_dim: int,
+                      page_size: int = 128, peaked_fraction: float = 1.0, needles: int = 4,
+                      needle_gap: float = 6.0, sink_gap: float = 8.0, spread: float = 1.0,
+                      flat_spread: float = 0.3, head_noise: float = 0.3) -> DecodeProblem:
+    """Decode instances with the attention shapes FFD relies on (test and benchmark data).
+
+    Background keys are standard normal and each query head is ``spread * sqrt(d)`` times a unit
+    direction shared by its GQA group (plus ``head_noise``), so background logits are about
+    ``N(0, spread^2)``. A KV head is *peaked* with probability ``peaked_fraction``: its first four
+    tokens form an attention sink (logit raised by ``sink_gap`` nats) and one token in each of
+    ``needles`` random pages is raised by ``needle_gap``; a *flat* head has neither and background
+    spread ``flat_spread``, so its attention mass is spread over every page.
+    """
+    if tokens < 2 * page_size:
+        raise ValueError(f"tokens must be >= 2 * page_size ({2 * page_size}), got {tokens}")
+    ks = jax.random.split(key, 7)
+    b, s, kh, g, d = batch, tokens, kv_heads, group, head_dim
+    direction = jax.random.normal(ks[0], (b, kh, 1, d))
+    heads = direction + head_noise * jax.random.normal(ks[1], (b, kh, g, d))
+    heads = heads / jnp.linalg.norm(heads, axis=-1, keepdims=True)
+    peaked = jax.random.uniform(ks[2], (b, kh)) < peaked_fraction
+    scale = jnp.where(peaked, spread, flat_spread)[..., None, None] * math.sqrt(d)
+    q = (scale * heads).reshape(b, kh * g, d)
+    keys = jax.random.normal(ks[3], (b, s, kh, d))
+    values = jax.random.normal(ks[4], (b, s, kh, d))
+    # Planted logits: add c * u to a key, u the group's mean query direction, so q_g . k grows by
+    # about c * |q| (u . q_g / |q|); c is set so the mean head's logit grows by the gap.
+    u = heads.mean(2)
+    u = u / jnp.linalg.norm(u, axis=-1, keepdims=True)  # [b, k, d]
+    qnorm = jnp.where(peaked, spread, flat_spread) * math.sqrt(d) / math.sqrt(d)  # logits = q . k / sqrt(d)
+    num_pages = s // page_size
+    bump = jnp.zeros((b, s, kh))
+    bump = bump.at[:, :4].set(jnp.where(peaked, sink_gap, 0.0)[:, None, :])
+    pages = jax.vmap(jax.vmap(lambda kk: jax.random.choice(kk, jnp.arange(1, num_pages - 1), (needles,),
+                                                           replace=False)))(
+        jax.random.split(ks[5], b * kh).reshape(b, kh))  # [b, k, needles] interior pages
+    offs = jax.random.randint(ks[6], (b, kh, needles), 0, page_size)
+    pos = pages * page_size + offs
+    bi = jnp.arange(b)[:, None, None]
+    ki = jnp.arange(kh)[None, :, None]
+    bump = bump.at[bi, pos, ki].set(jnp.where(peaked, needle_gap, 0.0)[..., None])
+    keys = keys + (bump / qnorm[:, None, :])[..., None] * u[:, None]
+    return DecodeProblem(q, keys, values, jnp.full((b,), s, jnp.int32), peaked)
+
+
+def dense_decode(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Exact dense decode attention (the reference FFD approximates)."""
+    return decode_attention(q, keys, values, lengths)
+
+
+def kept_fraction(keep: jax.Array, cache: FFDCache) -> jax.Array:
+    """Kept full pages over valid full pages, over the whole batch and all KV heads (0 if none)."""
+    valid = jnp.broadcast_to(cache.valid_pages[:, None, :], keep.shape)
+    return jnp.sum(keep & valid) / jnp.maximum(jnp.sum(valid), 1)
+
+
+def modeled_bytes(*, batch: int, tokens: int, kv_heads: int, head_dim: int, page_size: int = 128,
+                  bits: int = 2, kept: float = 1.0, kv_bytes: int = 2, residual_bytes: int = 1) -> dict:
+    """Bytes one decode step reads: dense (K and V at ``kv_bytes``) against FFD.
+
+    FFD reads every full page's codes and scales, the residual and values of the kept fraction,
+    and the current page exactly (at most one page, counted as one full page).
+    """
+    elems = batch * tokens * kv_heads * head_dim
+    dense = 2 * kv_bytes * elems
+    pages = tokens // page_size
+    scales = batch * pages * kv_heads * head_dim * 4
+    current = 2 * kv_bytes * batch * min(page_size, tokens) * kv_heads * head_dim
+    ffd = elems * bits / 8 + scales + kept * elems * (residual_bytes + kv_bytes) + current
+    return {"dense": float(dense), "ffd": float(ffd), "ratio": float(ffd / dense)}

@@ -1,0 +1,226 @@
+"""kv_quant kernels: quantize codes bit-exact, dequantize, quantized decode vs reference, cross-lowering."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import _backend
+from pallas_kernels.kv_quant import (QuantDecodeBlockSizes, QuantizeBlockSizes, dequantize, dequantize_cost,
+                                     quant_decode_cost, quantize, quantize_cost, quantized_bytes,
+                                     quantized_decode_attention)
+from primitives import attention as attn
+from primitives import quantization as qz
+
+
+# Inputs from numpy (free) and references under one jit each: eager op-by-op compiles dominate otherwise.
+_ref_quantize = jax.jit(qz.quantize, static_argnames=("bits", "group_size", "axis", "scheme", "scale_dtype",
+                                                      "pack_block"))
+_ref_dequantize = jax.jit(qz.dequantize, static_argnames=("dtype",))
+
+
+def _x(shape, dtype=jnp.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    mag = rng.uniform(0.1, 4.0, shape[:-1] + (1,))
+    return jnp.asarray(rng.standard_normal(shape) * mag, dtype)
+
+
+def _leaves_equal(got, want):
+    assert (got.bits, got.group_size, got.axis, got.scheme, got.pack_block, got.shape, got.dtype) == (
+        want.bits, want.group_size, want.axis, want.scheme, want.pack_block, want.shape, want.dtype)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32) if a.dtype != jnp.uint8 else a),
+                                      np.asarray(b.astype(jnp.float32) if b.dtype != jnp.uint8 else b))
+
+
+# (shell, x shape, dtype, bits, group, scheme, scale dtype, block_rows): row counts are not block multiples.
+QUANT_CASES = [
+    ("pallas_triton", (5, 7, 64), jnp.float32, 2, 32, "symmetric", jnp.float32, 16),
+    ("pallas_tpu", (3, 50, 128), jnp.bfloat16, 4, 64, "asymmetric", jnp.bfloat16, 32),
+    ("pallas_triton", (37, 32), jnp.float32, 8, 16, "midrise", jnp.float16, 16),
+    ("pallas_tpu", (9, 64), jnp.float32, 4, 32, "symmetric", jnp.float32, 32),
+]
+
+
+@pytest.mark.parametrize("impl, shape, dtype, bits, group, scheme, sdt, rows", QUANT_CASES)
+def test_quantize_kernel_is_bit_exact(impl, shape, dtype, bits, group, scheme, sdt, rows):
+    x = _x(shape, dtype, seed=bits)
+    x = x.at[..., 0, :group].set(0)  # an all-zero group: tiny scale, no NaN
+    want = _ref_quantize(x, bits=bits, group_size=group, scheme=scheme, scale_dtype=sdt)
+    got = quantize(x, bits=bits, group_size=group, scheme=scheme, scale_dtype=sdt, implementation=impl,
+                   interpret=True, block_sizes=QuantizeBlockSizes(block_rows=rows))
+    _leaves_equal(got, want)
+
+
+# (shell, shape, bits, group, scheme, out dtype, block_rows)
+DEQUANT_CASES = [
+    ("pallas_triton", (3, 11, 64), 2, 64, "asymmetric", jnp.bfloat16, 16),
+    ("pallas_tpu", (45, 128), 4, 32, "symmetric", jnp.float32, 32),
+    ("pallas_triton", (19, 32), 8, 32, "midrise", jnp.float32, 32),
+]
+
+
+@pytest.mark.parametrize("impl, shape, bits, group, scheme, out_dtype, rows", DEQUANT_CASES)
+def test_dequantize_kernel_matches_reference(impl, shape, bits, group, scheme, out_dtype, rows):
+    qt = _ref_quantize(_x(shape, seed=3), bits=bits, group_size=group, scheme=scheme)
+    want = _ref_dequantize(qt, jnp.float32)
+    got = dequantize(qt, dtype=out_dtype, implementation=impl, interpret=True,
+                     block_sizes=QuantizeBlockSizes(block_rows=rows))
+    assert got.dtype == out_dtype and got.shape == shape
+    # u * s + z may be contracted to an FMA by XLA on one side only: relative 1e-6, not bit-exact.
+    tol = 1e-6 if out_dtype == jnp.float32 else 8e-3
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=tol, atol=tol * float(jnp.abs(want).max()))
+
+
+def _cache(b, h, s, kh, d, k_fmt, v_fmt, *, dtype=jnp.float32, scale_dtype=jnp.float32, seed=0):
+    """(q [b, h, d], quantized keys, quantized values [b, s, kh, d])."""
+    rng = np.random.default_rng(seed)
+    q, keys, values = (jnp.asarray(rng.standard_normal(shape), dtype)
+                       for shape in ((b, h, d), (b, s, kh, d), (b, s, kh, d)))
+    kt = _ref_quantize(keys, bits=k_fmt[0], group_size=k_fmt[1], scheme=k_fmt[2], scale_dtype=scale_dtype)
+    vt = _ref_quantize(values, bits=v_fmt[0], group_size=v_fmt[1], scheme=v_fmt[2], scale_dtype=scale_dtype)
+    return q, kt, vt
+
+
+@jax.jit
+def _reference(q, kt, vt, lengths):
+    """Dequantize, then the attention reference, all in float32."""
+    f32 = lambda t: qz.dequantize(t, jnp.float32)
+    return attn.decode_attention(q.astype(jnp.float32), f32(kt), f32(vt), lengths, return_lse=True)
+
+
+# (shell, h, kh, d, s, lengths, K format, V format, block sizes, dtype of q / cache / scales); GQA ratios 4,
+# 1, 6; capacities and lengths that are not block multiples; length-0 rows; splits 3, 2, 1 (each matching the
+# reference is the split-count invariance).
+DECODE_CASES = [
+    ("pallas_triton", 4, 1, 64, 100, [100, 37, 0], (4, 64, "symmetric"), (2, 64, "asymmetric"),
+     QuantDecodeBlockSizes(block_k=16, num_splits=3), jnp.float32),
+    ("pallas_tpu", 2, 2, 32, 70, [1, 70, 0], (8, 32, "midrise"), (4, 32, "asymmetric"),
+     QuantDecodeBlockSizes(block_k=8, num_splits=2), jnp.bfloat16),
+    ("pallas_triton", 6, 1, 64, 50, [0, 33, 5], (8, 64, "asymmetric"), (4, 64, "midrise"),
+     QuantDecodeBlockSizes(block_k=32, num_splits=1), jnp.float32),
+]
+
+
+@pytest.mark.parametrize("impl, h, kh, d, s, lengths, k_fmt, v_fmt, bs, dtype", DECODE_CASES)
+def test_quantized_decode_matches_dequantize_then_reference(impl, h, kh, d, s, lengths, k_fmt, v_fmt, bs, dtype):
+    q, kt, vt = _cache(len(lengths), h, s, kh, d, k_fmt, v_fmt, dtype=dtype, scale_dtype=dtype, seed=h)
+    lengths = jnp.array(lengths)
+    want, want_lse = _reference(q, kt, vt, lengths)
+    got, lse = quantized_decode_attention(q, kt, vt, lengths, implementation=impl, interpret=True, block_sizes=bs,
+                                          return_residuals=True)
+    assert got.dtype == dtype
+    tol = 1e-5 if dtype == jnp.float32 else 1e-2  # bf16: output rounding only, accumulation is float32
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=tol, rtol=tol)
+    np.testing.assert_allclose(lse, want_lse, atol=1e-5, rtol=1e-5)  # -inf rows compare equal
+    assert np.all(np.isfinite(np.asarray(got, np.float32)))
+    empty = np.asarray(lengths) == 0
+    np.testing.assert_array_equal(np.asarray(got, np.float32)[empty], 0.0)
+    assert np.all(np.isneginf(np.asarray(lse)[empty]))
+
+
+def test_xla_path_is_the_default_and_equals_the_reference():
+    assert _backend.resolve_implementation(None) == "xla"
+    q, kt, vt = _cache(2, 2, 24, 1, 32, (4, 16, "symmetric"), (4, 16, "symmetric"), seed=10)
+    lengths = jnp.array([24, 0])
+    want, want_lse = _reference(q, kt, vt, lengths)
+    got, lse = quantized_decode_attention(q, kt, vt, lengths, return_residuals=True)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    np.testing.assert_allclose(lse, want_lse, atol=1e-6)
+    x = _x((4, 32))
+    _leaves_equal(quantize(x, bits=4, group_size=16), _ref_quantize(x, bits=4, group_size=16))
+    np.testing.assert_array_equal(dequantize(kt), _ref_dequantize(kt))
+
+
+def test_empty_inputs_give_no_nan():
+    empty = quantize(jnp.zeros((0, 32)), bits=4, group_size=16, implementation="pallas_triton", interpret=True)
+    assert empty.codes.shape == (0, 16) and empty.scale.shape == (0, 2)
+    assert dequantize(empty, implementation="pallas_triton", interpret=True).shape == (0, 32)
+    # A cache with no slots at all (s = 0) gives zeros and lse -inf.
+    _, kt, vt = _cache(2, 2, 0, 1, 32, (8, 32, "symmetric"), (8, 32, "symmetric"))
+    out, lse = quantized_decode_attention(jnp.ones((2, 2, 32)), kt, vt, jnp.array([0, 3]), implementation="pallas_tpu",
+                                          interpret=True, return_residuals=True,
+                                          block_sizes=QuantDecodeBlockSizes(block_k=8, num_splits=1))
+    np.testing.assert_array_equal(out, 0.0)
+    assert np.all(np.isneginf(np.asarray(lse)))
+
+
+@pytest.mark.parametrize("platform, impl, marker", [("tpu", "pallas_tpu", "tpu_custom_call"),
+                                                     ("cuda", "pallas_triton", "triton")])
+def test_cross_lowering(platform, impl, marker):
+    sd = jax.ShapeDtypeStruct
+    x = sd((2, 1024, 8, 128), jnp.bfloat16)
+    text = _backend.lower_for(lambda a: quantize(a, bits=4, group_size=64, implementation=impl, interpret=False),
+                              x, platform=platform)
+    assert marker in text.lower()
+    if platform == "cuda":
+        assert "div.rn.f32" in text  # correctly rounded division, as the reference
+    kt = jax.eval_shape(lambda a: qz.quantize(a, bits=4, group_size=64), x)
+    vt = jax.eval_shape(lambda a: qz.quantize(a, bits=2, group_size=128, scheme="asymmetric",
+                                              scale_dtype=jnp.bfloat16), x)
+    text = _backend.lower_for(lambda t: dequantize(t, implementation=impl, interpret=False), vt, platform=platform)
+    assert marker in text.lower()
+    f = lambda q, k, v, n: quantized_decode_attention(q, k, v, n, implementation=impl, interpret=False,
+                                                      block_sizes=QuantDecodeBlockSizes(block_k=128, num_splits=4))
+    text = _backend.lower_for(f, sd((2, 32, 128), jnp.bfloat16), kt, vt, sd((2,), jnp.int32), platform=platform)
+    assert marker in text.lower()
+
+
+def test_bad_inputs_and_configs():
+    x = _x((4, 64))
+    keys = _x((2, 8, 1, 64))
+    kt = _ref_quantize(keys, bits=4, group_size=32)
+    q, lengths = jnp.ones((2, 2, 64)), jnp.array([8, 3])
+    with pytest.raises(ValueError, match="bits must be one of"):
+        quantize(x, bits=3, group_size=32)
+    with pytest.raises(ValueError, match="group_size must divide"):
+        quantize(x, bits=4, group_size=48)
+    with pytest.raises(ValueError, match="scheme must be one of"):
+        quantize(x, bits=4, group_size=32, scheme="nf4")
+    with pytest.raises(ValueError, match="x must be a floating-point array"):
+        quantize(jnp.ones((4, 64), jnp.int32), bits=4, group_size=32)
+    with pytest.raises(ValueError, match="block_rows a power of two"):
+        quantize(x, bits=4, group_size=32, implementation="pallas_triton", interpret=True,
+                 block_sizes=QuantizeBlockSizes(block_rows=48))
+    with pytest.raises(ValueError, match="block_rows a multiple of 32"):
+        quantize(x, bits=4, group_size=32, implementation="pallas_tpu", interpret=True,
+                 block_sizes=QuantizeBlockSizes(block_rows=16))
+    with pytest.raises(ValueError, match="k must be a primitives.quantization.QuantizedTensor"):
+        quantized_decode_attention(q, jnp.ones((2, 8, 1, 64)), kt, lengths)
+    with pytest.raises(ValueError, match="quantized along d"):
+        quantized_decode_attention(q, _ref_quantize(keys, bits=4, group_size=4, axis=1), kt, lengths)
+    with pytest.raises(ValueError, match="lengths must have shape"):
+        quantized_decode_attention(q, kt, kt, jnp.array([1, 2, 3]))
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        two_heads = _ref_quantize(_x((2, 8, 2, 64)), bits=4, group_size=32)
+        quantized_decode_attention(jnp.ones((2, 3, 64)), two_heads, two_heads, lengths)
+    small = _ref_quantize(keys, bits=2, group_size=32)  # 32 / 4 = 8 channels per sub-slice
+    with pytest.raises(ValueError, match="Triton's dot needs >= 16"):
+        quantized_decode_attention(q, kt, small, lengths, implementation="pallas_triton", interpret=True)
+    with pytest.raises(ValueError, match="block_k a power of two"):
+        quantized_decode_attention(q, kt, kt, lengths, implementation="pallas_triton", interpret=True,
+                                   block_sizes=QuantDecodeBlockSizes(block_k=24, num_splits=1))
+    with pytest.raises(ValueError, match="pack_block == group_size"):
+        dequantize(_ref_quantize(x, bits=4, group_size=32, pack_block=64), implementation="pallas_tpu", interpret=True)
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        quantize(x, bits=4, group_size=32, implementation="cuda")
+
+
+def test_cost_model_counts():
+    # [1, 4096, 8, 128] keys and values at 4 bits, groups of 64 with float32 scales, 32 query heads.
+    elems = 4096 * 8 * 128
+    assert quantized_bytes(elements=elems, bits=4, group_size=64, scale_itemsize=4, asymmetric=False) == (
+        elems / 2 + elems / 64 * 4)
+    kt = jax.eval_shape(lambda a: qz.quantize(a, bits=4, group_size=64, scheme="asymmetric", scale_dtype=jnp.bfloat16),
+                        jax.ShapeDtypeStruct((1, 64, 8, 128), jnp.float32))
+    assert quantized_bytes(elements=64 * 8 * 128, bits=4, group_size=64, scale_itemsize=2, asymmetric=True) == kt.nbytes
+    c = quant_decode_cost(batch=1, kv_len=4096, num_heads=32, num_kv_heads=8, head_dim=128, k_bits=4, v_bits=4,
+                          k_group=64, v_group=64, q_itemsize=2)
+    assert c.flops == 4 * 32 * 4096 * 128 + 8 * elems
+    assert c.bytes_accessed == 2 * (elems / 2 + elems / 64 * 4) + 2 * 32 * 128 * 2
+    assert c.projected_seconds(peak_flops=1e15, bandwidth=4.3e12) == pytest.approx(c.bytes_accessed / 4.3e12)
+    qc = quantize_cost(elements=elems, bits=8, group_size=128, in_itemsize=2)
+    assert qc.bytes_accessed == elems * 2 + elems + elems / 128 * 4
+    dc = dequantize_cost(elements=elems, bits=2, group_size=32, out_itemsize=4, scale_itemsize=2, asymmetric=True)
+    assert dc.bytes_accessed == elems * 4 + elems / 4 + elems / 32 * 4

@@ -1,0 +1,204 @@
+"""FFD reference: quantizer, score identity, selection properties, error bound, baselines."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from primitives import ffd
+
+B, S, KH, G, D, BS = 2, 200, 2, 3, 16, 16
+
+
+@pytest.fixture(scope="module")
+def problem():
+    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(kq, (B, KH * G, D))
+    keys = jax.random.normal(kk, (B, S, KH, D))
+    # A "needle": a page aligned with the queries of sequence 0, so selection is not trivial.
+    keys = keys.at[0, 80:96].add(3.0 * q[0].reshape(KH, G, D).mean(1)[None])
+    values = jax.random.normal(kv, (B, S, KH, D))
+    lengths = jnp.array([S, 137])
+    return q, keys, values, lengths
+
+
+@pytest.fixture(scope="module")
+def cache(problem):
+    _, keys, values, lengths = problem
+    return ffd.build_cache(keys, values, lengths, page_size=BS)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_quantizer_codes_in_range_error_bound_and_exact_residual(problem, bits):
+    _, keys, values, lengths = problem
+    c = ffd.build_cache(keys, values, lengths, page_size=BS, bits=bits)
+    codes = ffd.unpack_codes(c.codes, bits)
+    assert codes.dtype == jnp.uint8 and int(codes.max()) <= 2**bits - 1
+    pages = np.asarray(keys[:, : c.num_pages * BS], np.float64).reshape(B, c.num_pages, BS, KH, D)
+    pages = pages.transpose(0, 3, 1, 2, 4)  # head-major [b, k, p, bs, d]
+    khat = np.asarray(ffd.dequantize_pages(codes, c.scales, bits), np.float64)
+    scales = np.asarray(c.scales, np.float64)[..., None, :]
+    assert np.all(np.abs(pages - khat) <= scales / 2 * (1 + 1e-6))
+    # float32 residual: Khat + R reproduces the keys (up to one float32 rounding).
+    np.testing.assert_allclose(khat + np.asarray(c.residual), pages, atol=1e-6)
+    # numpy float64 reference of the quantizer (round half to even, as np.round).
+    o = (2**bits - 1) / 2
+    s_ref = np.maximum(np.abs(pages).max(axis=3) / o, 1e-8)
+    np.testing.assert_allclose(np.asarray(c.scales), s_ref, rtol=1e-6)
+    codes_ref = np.clip(np.round(pages / np.asarray(c.scales, np.float64)[..., None, :] + o), 0, 2**bits - 1)
+    assert np.mean(codes_ref == np.asarray(codes)) > 0.999  # ties decided by float32 division aside
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_pack_unpack_round_trip_and_layout(bits):
+    codes = jax.random.randint(jax.random.key(1), (3, 5, 16), 0, 2**bits).astype(jnp.uint8)
+    packed = ffd.pack_codes(codes, bits)
+    assert packed.shape == (3, 5, 16 * bits // 8) and packed.dtype == jnp.uint8
+    np.testing.assert_array_equal(ffd.unpack_codes(packed, bits), codes)
+    per = 8 // bits
+    expect = sum(int(codes[0, 0, i * (16 // per)]) << (bits * i) for i in range(per))  # planar layout
+    assert int(packed[0, 0, 0]) == expect
+
+
+def test_scan_score_identity(problem, cache):
+    q = problem[0]
+    shat = ffd.scan_scores(q, cache)
+    khat = ffd.dequantize_pages(ffd.unpack_codes(cache.codes, 2), cache.scales, 2)
+    qg = q.reshape(B, KH, G, D)
+    direct = jnp.einsum("bkgd,bkptd->bkgpt", qg, khat) * ffd.LOG2E / math.sqrt(D)
+    np.testing.assert_allclose(shat, direct, rtol=1e-5, atol=1e-5)
+
+
+def test_infinite_delta_equals_dense_attention(problem, cache):
+    q, keys, values, lengths = problem
+    out = ffd.ffd_decode(q, cache, delta=math.inf)
+    np.testing.assert_allclose(out.out, ffd.dense_decode(q, keys, values, lengths), atol=1e-5)
+    assert bool(jnp.all(out.keep == cache.valid_pages[:, None, :]))
+
+
+def test_kept_sets_nested_in_delta_and_reference_page_kept(problem, cache):
+    q = problem[0]
+    previous = None
+    for delta in (0.0, 1.0, 2.0, 4.0, 8.0, 16.0):
+        keep, th = ffd.top_delta_keep(q, cache, delta)
+        if previous is not None:
+            assert bool(jnp.all(previous <= keep)), delta
+        previous = keep
+        # The page attaining m_ref (page 0 or the last full page) is kept for every head group.
+        m = ffd.page_maxima(ffd.scan_scores(q, cache), cache)  # [b, k, g, p]
+        last = np.asarray(cache.full_pages) - 1
+        for b in range(B):
+            for k in range(KH):
+                for g in range(G):
+                    ref_page = 0 if m[b, k, g, 0] >= m[b, k, g, last[b]] else last[b]
+                    assert bool(keep[b, k, ref_page])
+    assert float(ffd.kept_fraction(ffd.top_delta_keep(q, cache, 0.0)[0], cache)) < 1.0
+
+
+def test_gqa_group_keeps_page_when_any_head_passes(problem, cache):
+    q = problem[0]
+    delta = 2.0
+    keep, th = ffd.top_delta_keep(q, cache, delta)
+    m = np.asarray(ffd.page_maxima(ffd.scan_scores(q, cache), cache))  # [b, k, g, p]
+    th = np.asarray(th).reshape(B, KH, G)
+    per_head = m >= th[..., None]
+    np.testing.assert_array_equal(np.asarray(keep), per_head.any(axis=2) & np.asarray(cache.valid_pages)[:, None])
+    # Some page is kept for a head that does not pass by itself (the group decision is visible).
+    assert np.any(np.asarray(keep)[:, :, None, :] & ~per_head)
+
+
+@pytest.mark.parametrize("delta", [0.5, 2.0, 5.0])
+def test_dropped_mass_bound(problem, cache, delta):
+    """|o - o_exact| <= 2 max|v| M_dropped / (M_kept + M_dropped), masses with exact scores."""
+    q, keys, values, lengths = problem
+    out = ffd.ffd_decode(q, cache, delta=delta)
+    exact = ffd.dense_decode(q, keys, values, lengths)
+    logits = np.einsum("bkgd,bskd->bkgs", np.asarray(q, np.float64).reshape(B, KH, G, D),
+                       np.asarray(keys, np.float64)) / math.sqrt(D)
+    token_page = np.arange(S) // BS
+    keep = np.asarray(out.keep)
+    full = np.asarray(cache.full_pages)
+    for b in range(B):
+        valid_tok = np.arange(S) < int(lengths[b])
+        in_full = token_page < full[b]
+        kept_tok = np.zeros((KH, S), bool)
+        kept_tok[:, in_full] = keep[b][:, token_page[in_full]]
+        kept_tok |= (~in_full & valid_tok)[None]  # the current page is always attended
+        w = np.exp(logits[b] - logits[b].max(axis=-1, keepdims=True)) * valid_tok
+        m_kept = (w * kept_tok[:, None]).sum(-1)
+        m_drop = (w * (~kept_tok[:, None] & valid_tok)).sum(-1)
+        bound = 2 * np.abs(np.asarray(values[b])).max() * m_drop / (m_kept + m_drop)
+        err = np.abs(np.asarray(out.out[b]) - np.asarray(exact[b])).reshape(KH, G, D).max(-1)
+        assert np.all(err <= bound + 1e-5)
+
+
+def test_residual_refinement_lowers_error(problem, cache):
+    q, keys, values, lengths = problem
+    exact = ffd.dense_decode(q, keys, values, lengths)
+    with_r = ffd.ffd_decode(q, cache, delta=math.inf, use_residual=True).out
+    without = ffd.ffd_decode(q, cache, delta=math.inf, use_residual=False).out
+    assert float(jnp.abs(with_r - exact).max()) < 0.1 * float(jnp.abs(without - exact).max())
+
+
+def test_fp8_residual_close_to_exact(problem):
+    q, keys, values, lengths = problem
+    c8 = ffd.build_cache(keys, values, lengths, page_size=BS, residual_dtype=jnp.float8_e4m3fn)
+    out = ffd.ffd_decode(q, c8, delta=math.inf).out
+    err = float(jnp.abs(out - ffd.dense_decode(q, keys, values, lengths)).max())
+    assert err < 2e-2
+
+
+def test_baselines_keep_requested_page_count_and_quest_bound_is_upper(problem, cache):
+    q, keys, _, _ = problem
+    for fn in (ffd.top_k_keep, ffd.quest_keep):
+        keep = np.asarray(fn(q, cache, 3))
+        np.testing.assert_array_equal(keep.sum(-1), np.full((B, KH), 3))
+        assert not np.any(keep & ~np.asarray(cache.valid_pages)[:, None])
+    # Quest's bound is >= every exact token logit of the page.
+    qg = np.asarray(q, np.float64).reshape(B, KH, G, D)
+    mn, mx = np.asarray(cache.page_min, np.float64), np.asarray(cache.page_max, np.float64)
+    upper = np.maximum(qg[:, :, :, None] * mn[:, :, None], qg[:, :, :, None] * mx[:, :, None]).sum(-1)  # bkgp
+    p = cache.num_pages
+    pages = np.asarray(keys[:, : p * BS], np.float64).reshape(B, p, BS, KH, D)
+    exact_max = np.einsum("bkgd,bptkd->bkgpt", qg, pages).max(-1)
+    assert np.all(upper >= exact_max - 1e-4)
+    # The needle page of sequence 0 is found by every selector.
+    assert np.all(np.asarray(ffd.quest_keep(q, cache, 1))[0, :, 5])
+    assert np.all(np.asarray(ffd.top_k_keep(q, cache, 1))[0, :, 5])
+
+
+def test_empty_and_short_caches_have_no_nan():
+    kq, kk = jax.random.split(jax.random.key(2))
+    q = jax.random.normal(kq, (3, 4, 8))
+    keys = jax.random.normal(kk, (3, 40, 2, 8))
+    lengths = jnp.array([0, 5, 40])  # no tokens; only a current page; full pages and a current page
+    c = ffd.build_cache(keys, keys, lengths, page_size=16)
+    out = ffd.ffd_decode(q, c, delta=5.0)
+    assert not bool(jnp.any(jnp.isnan(out.out)))
+    np.testing.assert_array_equal(out.out[0], 0.0)
+    np.testing.assert_allclose(out.out[1], ffd.dense_decode(q, keys, keys, lengths)[1], atol=1e-5)
+
+
+def test_delta_converter_and_bytes_model():
+    assert ffd.delta_from_natural(5.0) == pytest.approx(5.0 * math.log2(math.e))
+    m = ffd.modeled_bytes(batch=1, tokens=65536, kv_heads=8, head_dim=128, kept=0.05)
+    # Per cached element, in bytes: 2-bit codes, 5% of (fp8 residual + bf16 V), one fp32 scale per
+    # 128-token page and channel, one exact bf16 page of K and V, against 2 + 2 bytes dense.
+    expect = (2 / 8 + 0.05 * 3 + 4 / 128 + 4 * 128 / 65536) / 4
+    assert m["ratio"] == pytest.approx(expect, rel=1e-9)
+    assert m["ratio"] < 1 / 6
+
+
+def test_bad_inputs_raise(problem):
+    q, keys, values, lengths = problem
+    with pytest.raises(ValueError, match="bits"):
+        ffd.build_cache(keys, values, lengths, bits=3)
+    with pytest.raises(ValueError, match="lengths"):
+        ffd.build_cache(keys, values, lengths[:1])
+    c = ffd.build_cache(keys, values, lengths, page_size=BS)
+    with pytest.raises(ValueError, match="delta"):
+        ffd.top_delta_keep(q, c, -1.0)
+    with pytest.raises(ValueError, match="multiple"):
+        ffd.scan_scores(q[:, :5], c)
