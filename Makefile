@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -n $(WORKERS) --dist loadfile -q
+	$(PY) -m pytest -n $(WORKERS) --dist loadfile -q --durations=30
 
 reproduce: $(VENV)/.installed
 	$(PY) -m experiments run $(PAPERS) --preset $(PRESET)

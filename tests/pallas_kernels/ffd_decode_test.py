@@ -31,8 +31,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("impl, kh, g, d, s, lengths, page_size, bits, splits", CASES)
-@pytest.mark.parametrize("delta", [2.0, math.inf])
+@pytest.mark.parametrize("impl, kh, g, d, s, lengths, page_size, bits, splits, delta",
+                         [case + (delta,) for case, delta in zip(CASES, (2.0, math.inf, 2.0))])
 def test_interpret_matches_reference_and_makes_the_same_selection(impl, kh, g, d, s, lengths, page_size, bits,
                                                                   splits, delta):
     q, _, _, cache = _problem(3, kh, g, d, s, lengths, page_size, bits=bits)
