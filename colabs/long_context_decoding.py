@@ -55,7 +55,7 @@ import numpy as np
 from algorithms.decoding import ffd
 from primitives import ffd as ffd_ref
 
-tokens = 2048 if SMOKE else 16384
+tokens = 1024 if SMOKE else 16384
 problem = ffd_ref.synthetic_problem(jax.random.key(0), batch=1, tokens=tokens, kv_heads=4, group=4, head_dim=64,
                                     page_size=128, peaked_fraction=0.5, needle_gap=10.0, sink_gap=12.0)
 cache = ffd_ref.build_cache(problem.keys, problem.values, problem.lengths, page_size=128)
@@ -93,7 +93,7 @@ for selector in ("top_k", "quest"):
 # %%
 from pallas_kernels.ffd_decode import FFDBlockSizes, ffd_decode as ffd_kernel
 
-small = ffd_ref.build_cache(problem.keys[:, :256], problem.values[:, :256], jnp.array([250]), page_size=64)
+small = ffd_ref.build_cache(problem.keys[:, :128], problem.values[:, :128], jnp.array([120]), page_size=32)
 got = ffd_kernel(problem.q, small, delta=5.0, implementation="pallas_triton", interpret=True,
                  block_sizes=FFDBlockSizes(num_splits=2))
 want = ffd_ref.ffd_decode(problem.q, small, delta=5.0)
@@ -115,7 +115,7 @@ from pallas_kernels import kv_quant
 from primitives import attention as attn
 from primitives import quantization as qz
 
-S = 256 if SMOKE else 2048
+S = 128 if SMOKE else 2048
 kk, kv, kq = jax.random.split(jax.random.key(1), 3)
 k = jax.random.normal(kk, (1, S, 2, 64))
 v = jax.random.normal(kv, (1, S, 2, 64))
@@ -132,7 +132,7 @@ for bits in (2, 4, 8):
 # The quantize kernel in the interpreter gives the reference's codes bit for bit:
 
 # %%
-x = jax.random.normal(jax.random.key(2), (40, 64))
+x = jax.random.normal(jax.random.key(2), (8 if SMOKE else 40, 64))
 ref_qt = qz.quantize(x, bits=4, group_size=32)
 ker_qt = kv_quant.quantize(x, bits=4, group_size=32, implementation="pallas_triton", interpret=True)
 print("codes identical:", bool(jnp.all(ref_qt.codes == ker_qt.codes)),

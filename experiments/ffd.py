@@ -389,7 +389,7 @@ EXPERIMENT = registry.Experiment(
         "smoke": lambda: Config(batch=2, tokens=1024, kv_heads=2, group=2, head_dim=32, page_size=64,
                                 deltas=(2.0, 5.0), lm_context=64, lm_pairs=4, lm_queries=2, lm_page_size=8,
                                 lm_d_model=32, lm_layers=1, lm_heads=2, lm_kv_heads=1, lm_steps=4, lm_batch=8,
-                                lm_eval=16, lm_deltas=(5.0,), progress=False),
+                                lm_eval=16, lm_deltas=(5.0,), lm=False, progress=False),  # the LM route: transformer tests
         "quick": lambda: Config(),
         "paper": lambda: Config(batch=4, tokens=65536, kv_heads=8, group=4, head_dim=128, lm_context=2048,
                                 lm_pairs=32, lm_page_size=64, lm_d_model=128, lm_layers=4, lm_heads=8, lm_steps=6000,
