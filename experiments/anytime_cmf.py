@@ -32,15 +32,17 @@ streams X ~ U[-1, 1]^d, Y = mu(X) + sigma(X) eps, sigma(x) = 0.5 + |x_1|:
 
 Recipe:
     python -m experiments run anytime_cmf --preset smoke    # seconds (tests)
-    python -m experiments run anytime_cmf --preset quick    # a few minutes on 2 CPU cores
-    python -m experiments run anytime_cmf --preset paper    # 10k null streams, T = 5000 (accelerator)
+    python -m experiments run anytime_cmf --preset quick    # 10k null streams in the main setting, T = 1000; minutes
+    python -m experiments run anytime_cmf --preset paper    # 10k null streams everywhere, T = 5000 (accelerator)
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
+import os
 import pathlib
 
 import jax
@@ -71,7 +73,8 @@ class Config:
     rff_lengthscale: float = 0.2
     ridge_l2: float = 1.0
     # 1. null calibration.
-    null_streams: int = 1000
+    null_streams: int = 10_000  # the main setting (Gaussian noise, d = 1)
+    null_streams_other: int = 1000  # every other noise and dimension
     null_noises: tuple[str, ...] = NOISES
     null_dims: tuple[int, ...] = (1, 5)  # d = 1 with every noise; the others with Gaussian noise
     # 2. power.
@@ -322,9 +325,35 @@ def _trial(key, delta, *, c: Config, n: int):
                                        block_size=c.block_size)
             return g.test.stop_time
 
-        return jnp.stack([test(masks[k]) for k in range(len(TRIAL_METHODS))])
+        return jax.vmap(test)(masks)  # one scan runs the three weight learners
 
     return jax.vmap(one)(_uniforms(key, n, 3, t))
+
+
+@contextlib.contextmanager
+def _pinned_to_one_cpu():
+    """Pins every thread of this process to one CPU for the duration (Linux, CPU backend; else a no-op).
+
+    Why: on the 2-core CPU machines (jaxlib 0.10.2), the compiled trial program hangs at random: the main
+    thread waits for a result while every XLA worker thread sleeps (a lost wake-up; attaching a debugger
+    releases it). Pinned to one CPU it ran to the end in every try. The other studies do not show it.
+    """
+    tasks = pathlib.Path("/proc/self/task")
+    if jax.default_backend() != "cpu" or not hasattr(os, "sched_setaffinity") or not tasks.exists():
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    one = {min(before)}
+    ids = [int(t.name) for t in tasks.iterdir()]
+    for tid in ids:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(tid, one)
+    try:
+        yield
+    finally:
+        for t in tasks.iterdir():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(t.name), before)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -384,20 +413,25 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         key = jax.random.fold_in(_root(c.seed, 1), i)
         fn = functools.partial(_simulate, amp=jnp.float32(0.0), shape_idx=jnp.int32(0),
                                noise_idx=jnp.int32(NOISES.index(noise)), c=c, d=d)
-        out = _batched(fn, key, c.null_streams, c.batch_size)
+        n_null = c.null_streams if i == 0 else c.null_streams_other
+        out = _batched(fn, key, n_null, c.batch_size)
         entry = {k: _rate(v, T) for k, v in out.items() if k != "single_look"}
+        entry["streams"] = n_null
+        entry["slack_3se"] = 3.0 * math.sqrt(a * (1 - a) / n_null)
         entry["single_look_rate_by_t"] = out["single_look"].mean(axis=0)
         entry["curves"] = {k: _curve(out[k], T) for k in [f"gaavi_m{m}" for m in c.burn_ins] + ["peek"]}
         null[f"{noise}, d={d}"] = entry
         bar.update(1)
-    slack = 3.0 * math.sqrt(a * (1 - a) / c.null_streams)
+    slack = max(v["slack_3se"] for v in null.values())  # the loosest (fewest streams), for the report
     valid_burn_ins = [m for m in c.burn_ins if m >= min(200, max(c.burn_ins))]
     worst_gaavi = max(null[k][f"gaavi_m{m}"][0] for k in null for m in valid_burn_ins)
     worst_baseline = max(max(null[k]["linear"][0], null[k]["discretized"][0]) for k in null)
     min_peek = min(null[k]["peek"][0] for k in null)
     single = np.concatenate([null[k]["single_look_rate_by_t"][c.main_burn_in - 1:] for k in null])
-    null_ok = worst_gaavi <= a + slack and worst_baseline <= a + slack
-    peek_inflated = min_peek > a + slack
+    # Each setting is judged with the slack of its own number of streams.
+    null_ok = all(max([v[f"gaavi_m{m}"][0] for m in valid_burn_ins] + [v["linear"][0], v["discretized"][0]])
+                  <= a + v["slack_3se"] for v in null.values())
+    peek_inflated = all(v["peek"][0] > a + v["slack_3se"] for v in null.values())
 
     # 2. Power and stopping time.
     methods = ["gaavi", "oracle", "linear", "discretized"]
@@ -443,8 +477,9 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     # 4. Randomized trial.
     trial = {}
     for j, delta in enumerate(c.trial_deltas):
-        out = _batched(functools.partial(_trial, delta=jnp.float32(delta), c=c), jax.random.fold_in(_root(c.seed, 4), j),
-                       c.trial_streams, c.batch_size)  # [n, 3]
+        with _pinned_to_one_cpu():
+            out = _batched(functools.partial(_trial, delta=jnp.float32(delta), c=c),
+                           jax.random.fold_in(_root(c.seed, 4), j), c.trial_streams, c.batch_size)  # [n, 3]
         trial[delta] = {m: {"power": _rate(out[:, k], T)[0], "curve": _curve(out[:, k], T)}
                         for k, m in enumerate(TRIAL_METHODS)}
         bar.update(1)
@@ -490,7 +525,9 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
               (f"oracle E[tau] ratio in [0.8, 1.5] at alpha={a_min:g}", ratio_ok),
               ("trial: level and power over the average-effect test", trial_ok), ("CS coverage", cs_ok))
     verdict = (
-        f"Null, continuous monitoring to T={T} ({c.null_streams} streams each, alpha={a}, 3SE slack {slack:.3f}): "
+        f"Null, continuous monitoring to T={T} (alpha={a}; {c.null_streams} streams for gaussian, d=1, 3SE slack "
+        f"{3 * math.sqrt(a * (1 - a) / c.null_streams):.3f}; {c.null_streams_other} for the other settings, slack "
+        f"{3 * math.sqrt(a * (1 - a) / c.null_streams_other):.3f}): "
         f"GAAVI (m={c.main_burn_in}) P(reject by T) {g_txt}; worst over settings by burn-in {m_txt}; linear/"
         f"discretized worst {worst_baseline:.3f}; the z-test peeked at every sample from n={c.peek_start} rejects "
         f"{min_peek:.3f}-{max(null[k]['peek'][0] for k in null):.3f} while used once it rejects "
@@ -624,15 +661,14 @@ EXPERIMENT = registry.Experiment(
     config_cls=Config,
     presets={
         "smoke": lambda: Config(horizon=300, block_size=25, burn_ins=(50, 100), main_burn_in=100, null_streams=64,
+                                null_streams_other=64,
                                 null_noises=("gaussian",), null_dims=(1,), power_streams=32, shapes=("quadratic",),
                                 signals=(0.05,), oracle_streams=32, oracle_alphas=(0.05,), oracle_horizon=300,
                                 trial_deltas=(), cs_streams=32, rff_features=16,
                                 batch_size=64, progress=False),
-        # The trial study is off on CPU: its compiled AIPW program deadlocks in XLA:CPU at 250 streams x
-        # T = 1000 (JAX 0.10; small batches run). The library's contrast test itself is unit-tested.
-        "quick": lambda: Config(trial_deltas=()),
-        "paper": lambda: Config(horizon=5000, null_streams=10_000, power_streams=2000, oracle_streams=2000,
-                                rff_features=64,
+        "quick": lambda: Config(),
+        "paper": lambda: Config(horizon=5000, null_streams=10_000, null_streams_other=10_000, power_streams=2000,
+                                oracle_streams=2000, rff_features=64,
                                 oracle_alphas=(0.05, 1e-2, 1e-3, 1e-4), oracle_horizon=8000, trial_streams=2000,
                                 cs_streams=2000, signals=(0.005, 0.01, 0.02, 0.04), batch_size=1000),
     },

@@ -40,8 +40,9 @@ from experiments import registry, report
 
 _CACHE_VERSION = 1
 _LABELS = {"prox_fqe": "ProxFQE", "naive_fqe": "complete-case FQE", "mar_impute_fqe": "MAR-impute FQE",
-           "mar_ipw_fqe": "MAR-IPW FQE", "oracle_fqe": "oracle FQE (all rewards)"}
+           "mar_ipw_fqe": "MAR-IPW FQE", "scope_is": "SCOPE-style IS", "oracle_fqe": "oracle FQE (all rewards)"}
 _PAPER_MAE = {-2.8: (0.112, 1.50), -1.5: (0.092, 1.05), -0.7: (0.092, 0.78), 0.3: (0.107, 0.41)}  # (Prox, Naive)
+_PAPER_SCOPE_MAE = {-2.8: 3.07, -1.5: 0.96, -0.7: 0.49, 0.3: 0.39}
 _PAPER_TRUE = {-2.8: 5.581, -1.5: 5.228, -0.7: 4.895, 0.3: 4.480}
 
 
@@ -105,7 +106,7 @@ def _estimates(c: Config, p: om.SimParams, n: int, seed: int, workdir: pathlib.P
     data = jax.tree.map(np.asarray, om.simulate(key, p, num_episodes=n, horizon=c.horizon))
     bridge = om.RKHSBridge(num_gamma=c.bridge_num_gamma, num_folds=c.bridge_num_folds)
     res = om.evaluate(data, om.target_policy(p), methods=c.methods, gamma=c.gamma, bridge=bridge,
-                      imputation=c.imputation)
+                      imputation=c.imputation, behaviour=om.behaviour_policy())
     out = {m: r.value for m, r in res.items()}
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(out))
@@ -203,6 +204,9 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                          f"{f' vs paper {_PAPER_TRUE[c0]:.3f}' if c0 in _PAPER_TRUE and c.horizon == 8 else ''}): "
                          f"ProxFQE {prox_mae_big[c0]:.3f}"
                          + (f", complete-case {naive_mae_big[c0]:.3f}" if naive_mae_big else "")
+                         + (f", SCOPE-style IS {sweep[c0][big]['summary']['scope_is']['mae']:.3f}"
+                            + (f" (paper {_PAPER_SCOPE_MAE[c0]:.2f})" if c0 in _PAPER_SCOPE_MAE and c.horizon == 8 else "")
+                            if "scope_is" in c.methods else "")
                          + (f" [paper {_PAPER_MAE[c0][0]:.3f} / {_PAPER_MAE[c0][1]:.2f} at n=512]"
                             if c0 in _PAPER_MAE and c.horizon == 8 else "")
                          for c0 in c.intercepts)
@@ -272,7 +276,7 @@ def _plt():
 
 _STYLE = {"prox_fqe": dict(color="k", lw=2.2, marker="o"), "naive_fqe": dict(color="tab:red", marker="s"),
           "mar_impute_fqe": dict(color="tab:blue", marker="^"), "mar_ipw_fqe": dict(color="tab:green", marker="v"),
-          "oracle_fqe": dict(color="gray", ls="--", marker=".")}
+          "scope_is": dict(color="tab:purple", marker="D"), "oracle_fqe": dict(color="gray", ls="--", marker=".")}
 
 
 def _plot_n_sweep(results, c: Config, workdir):

@@ -27,7 +27,10 @@ Goal: ``V(pi) = E^pi[sum_t gamma^(t-1) R_t]``.
 * **Baselines** (same FQE engine): ``"naive_fqe"`` (complete-case: drop O_t = 0 transitions),
   ``"mar_impute_fqe"`` (impute with a regression of R on (S, A) among complete cases),
   ``"mar_ipw_fqe"`` (inverse-propensity reward ``O R / p(S, A)`` with a logistic MAR propensity,
-  clipped to [0.01, 0.99]), ``"oracle_fqe"`` (all rewards observed; a reference, not an estimator).
+  clipped to [0.01, 0.99]), ``"scope_is"`` (SCOPE-style per-decision importance sampling, missing
+  rewards as 0, with potential-based shaping by the complete-case FQE's state values
+  ``Phi_t(s, o) = sum_a pi_t(a | s, o) Q_t(s, a)``; needs ``behaviour``), ``"oracle_fqe"`` (all rewards
+  observed; a reference, not an estimator).
 * **Simulator** (:func:`simulate`, :func:`true_value`): the paper's 2-d linear-Gaussian MDP with a
   sigmoid or linear reward, reward-dependent missingness, behaviour and missingness-aware target
   policies, in JAX (vectorised episodes, explicit keys), with knobs for the MNAR strength (the
@@ -70,6 +73,7 @@ __all__ = [
     "behaviour_probs",
     "target_probs",
     "target_policy",
+    "behaviour_policy",
     "rbf_kernel",
     "median_heuristic",
     "KernelRidgeLOO",
@@ -83,7 +87,7 @@ __all__ = [
     "evaluate",
 ]
 
-METHODS = ("prox_fqe", "naive_fqe", "mar_impute_fqe", "mar_ipw_fqe", "oracle_fqe")
+METHODS = ("prox_fqe", "naive_fqe", "mar_impute_fqe", "mar_ipw_fqe", "scope_is", "oracle_fqe")
 _REWARD_TYPES = ("sigmoid", "linear")
 
 
@@ -168,6 +172,19 @@ def target_policy(params: SimParams) -> Callable[[np.ndarray, np.ndarray], np.nd
         s = np.asarray(states, np.float64)
         o = np.asarray(o_prev, np.float64)
         p = 1.0 / (1.0 + np.exp(-(1.5 + 3.0 * s[:, 0] + 0.9 * s[:, 1] + params.target_o_coef * (2.0 * o - 1.0))))
+        return np.stack([1.0 - p, p], axis=1)
+
+    return policy
+
+
+def behaviour_policy() -> Callable[[np.ndarray], np.ndarray]:
+    """The simulator's behaviour policy in the estimators' form: ``states [m, 2] -> [m, 2]``.
+
+    Columns are the probabilities of the actions (-1, +1), as float64 NumPy (see :func:`behaviour_probs`).
+    """
+    def policy(states):
+        s = np.asarray(states, np.float64)
+        p = 1.0 / (1.0 + np.exp(-(0.3 + 0.8 * s[:, 0] - 0.3 * s[:, 1])))
         return np.stack([1.0 - p, p], axis=1)
 
     return policy
@@ -670,10 +687,11 @@ def _check_episodes(data: Episodes):
 
 @_single_blas_thread
 def evaluate(data: Episodes, policy: Callable[[np.ndarray, np.ndarray], np.ndarray], *,
-             methods: Sequence[str] = METHODS, gamma: float = 1.0, action_values: Sequence[float] = (-1.0, 1.0),
+             methods: Sequence[str] | None = None, gamma: float = 1.0, action_values: Sequence[float] = (-1.0, 1.0),
              bridge: RKHSBridge | SieveBridge = RKHSBridge(), q_features: Callable | None = None,
              krr_lambdas: Sequence[float] = DEFAULT_KRR_LAMBDAS, imputation: str = "missing",
-             ipw_clip: tuple[float, float] = (0.01, 0.99)) -> dict[str, OPEResult]:
+             ipw_clip: tuple[float, float] = (0.01, 0.99),
+             behaviour: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[str, OPEResult]:
     """Off-policy value estimates of ``policy`` from logged ``data`` with missing rewards.
 
     All methods share one FQE engine (backward regressions of ``R~_t + gamma V_{t+1}(S_{t+1}, O_t)``
@@ -683,7 +701,7 @@ def evaluate(data: Episodes, policy: Callable[[np.ndarray, np.ndarray], np.ndarr
       data: :class:`Episodes` (``rewards`` read only where ``observed``, except by ``"oracle_fqe"``).
       policy: ``(states [m, d], o_prev [m]) -> [m, k]`` action probabilities (columns follow
         ``action_values``); o_prev is O_{t-1} (0 before the first step).
-      methods: any of :data:`METHODS`.
+      methods: any of :data:`METHODS`; None = all of them (without ``"scope_is"`` when ``behaviour`` is None).
       gamma: discount.
       action_values: the action encoding used in ``data.actions``.
       bridge: :class:`RKHSBridge` (default; the paper's min-max estimator) or :class:`SieveBridge`.
@@ -692,10 +710,14 @@ def evaluate(data: Episodes, policy: Callable[[np.ndarray, np.ndarray], np.ndarr
       krr_lambdas: ridge grid of the kernel Q-regressions (leave-one-out CV).
       imputation: "missing" (impute only missing rewards with the bridge; the code) or "all".
       ipw_clip: clipping of the MAR propensity of ``"mar_ipw_fqe"``.
+      behaviour: ``states [m, d] -> [m, k]`` behaviour action probabilities (columns follow
+        ``action_values``); needed by ``"scope_is"`` only (e.g. :func:`behaviour_policy`).
 
     Returns:
       method -> :class:`OPEResult`.
     """
+    if methods is None:
+        methods = tuple(m for m in METHODS if m != "scope_is" or behaviour is not None)
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {tuple(methods)}")
@@ -707,6 +729,8 @@ def evaluate(data: Episodes, policy: Callable[[np.ndarray, np.ndarray], np.ndarr
     if not np.all(np.isin(actions, avals)):
         raise ValueError(f"data.actions must take values in action_values={tuple(avals)}, "
                          f"got {np.unique(actions)[:10]}")
+    if "scope_is" in methods and behaviour is None:
+        raise ValueError("methods include 'scope_is', which needs behaviour= (states -> action probabilities)")
     if "oracle_fqe" in methods and not np.all(np.isfinite(rewards)):
         raise ValueError("oracle_fqe needs all rewards (data.rewards has non-finite entries)")
     probe = np.asarray(policy(states[:2, 0], np.zeros(min(n, 2))))
@@ -727,7 +751,9 @@ def evaluate(data: Episodes, policy: Callable[[np.ndarray, np.ndarray], np.ndarr
 
     # Per-method reward targets, rows used and the O passed to the next-step policy.
     plans, infos = {}, {m: {} for m in methods}
-    for m in methods:
+    for m in [*methods, "naive_fqe"] if "scope_is" in methods else methods:  # SCOPE shapes with naive FQE
+        if m == "scope_is":
+            continue
         if m == "oracle_fqe":
             plans[m] = (rewards, np.ones_like(observed), obs_f)
         elif m == "naive_fqe":
@@ -759,23 +785,48 @@ def evaluate(data: Episodes, policy: Callable[[np.ndarray, np.ndarray], np.ndarr
                 tilde[:, t] = obs_f[:, t] * np.nan_to_num(r_obs[:, t]) / p
             plans[m] = (tilde, np.ones_like(observed), obs_f)
 
-    out = {}
-    for m in methods:
+    def state_value(q, s, o_prev):  # sum_a pi(a | s, o_prev) Q(s, a)
+        pi = np.asarray(policy(s, o_prev), np.float64)
+        return (pi * np.stack([q(np.c_[s, np.full(len(s), a)]) for a in avals], axis=1)).sum(axis=1)
+
+    out, q_funcs = {}, {}
+    for m in plans:
         tilde, rows_all, next_o = plans[m]
-        q_next, lams = None, []
+        qs, lams = [None] * horizon, []
         for t in reversed(range(horizon)):
             rows = rows_all[:, t]
             y = tilde[rows, t].copy()
-            if q_next is not None:
-                s1 = states[rows, t + 1]
-                pi = np.asarray(policy(s1, next_o[rows, t]), np.float64)
-                qa = np.stack([q_next(np.c_[s1, np.full(len(s1), a)]) for a in avals], axis=1)
-                y += gamma * (pi * qa).sum(axis=1)
-            q_next = design(t, rows).fit(y)
-            lams.append(getattr(q_next, "lam", None))
-        s0 = states[:, 0]
-        pi0 = np.asarray(policy(s0, np.zeros(n)), np.float64)
-        q0 = np.stack([q_next(np.c_[s0, np.full(n, a)]) for a in avals], axis=1)
-        infos[m]["krr_lambdas"] = lams[::-1]
-        out[m] = OPEResult(float((pi0 * q0).sum(axis=1).mean()), m, infos[m])
-    return out
+            if t + 1 < horizon:
+                y += gamma * state_value(qs[t + 1], states[rows, t + 1], next_o[rows, t])
+            qs[t] = design(t, rows).fit(y)
+            lams.append(getattr(qs[t], "lam", None))
+        q_funcs[m] = qs
+        if m in methods:
+            infos[m]["krr_lambdas"] = lams[::-1]
+            out[m] = OPEResult(float(state_value(qs[0], states[:, 0], np.zeros(n)).mean()), m, infos[m])
+    if "scope_is" in methods:
+        value, info = _scope_is(states, actions, np.nan_to_num(r_obs), obs_f, policy, behaviour, avals, gamma,
+                                potentials=lambda t, s, o: state_value(q_funcs["naive_fqe"][t], s, o))
+        out["scope_is"] = OPEResult(value, "scope_is", info)
+    return {m: out[m] for m in methods}
+
+
+def _scope_is(states, actions, r_zero, obs_f, policy, behaviour, avals, gamma, *, potentials):
+    """Per-decision IS with missing rewards as 0 and potential-based shaping (SCOPE-style).
+
+    ``V = mean_i [Phi_1(S_1, 0) + sum_t gamma^(t-1) rho_(1:t) (O_t R_t + gamma Phi_(t+1)(S_(t+1), O_t)
+    - Phi_t(S_t, O_(t-1)))]`` with ``rho_(1:t) = prod_(u<=t) pi_u(A_u | S_u, O_(u-1)) / mu(A_u | S_u)``
+    and ``Phi_(T+1) = 0``. The shaping telescopes when rho = 1, so it only reduces variance; the zeros
+    for missing rewards make the estimate biased under any missingness (the point of the baseline).
+    """
+    n, horizon = actions.shape
+    a_idx = np.argmin(np.abs(actions[..., None] - avals), axis=-1)  # [n, T] column of each logged action
+    o_prev = np.c_[np.zeros(n), obs_f[:, :-1]]
+    rho, total, rows = np.ones(n), np.zeros(n), np.arange(n)
+    phi = [potentials(t, states[:, t], o_prev[:, t]) for t in range(horizon)] + [np.zeros(n)]
+    for t in range(horizon):
+        pi_a = np.asarray(policy(states[:, t], o_prev[:, t]), np.float64)[rows, a_idx[:, t]]
+        mu_a = np.asarray(behaviour(states[:, t]), np.float64)[rows, a_idx[:, t]]
+        rho = rho * pi_a / mu_a
+        total += gamma ** t * rho * (r_zero[:, t] * obs_f[:, t] + gamma * phi[t + 1] - phi[t])
+    return float((phi[0] + total).mean()), {"max_weight": float(rho.max()), "mean_final_weight": float(rho.mean())}
