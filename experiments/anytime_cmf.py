@@ -344,10 +344,9 @@ def _pinned_to_one_cpu():
         return
     before = os.sched_getaffinity(0)
     one = {min(before)}
-    ids = [int(t.name) for t in tasks.iterdir()]
-    for tid in ids:
+    for t in tasks.iterdir():
         with contextlib.suppress(OSError):
-            os.sched_setaffinity(tid, one)
+            os.sched_setaffinity(int(t.name), one)
     try:
         yield
     finally:

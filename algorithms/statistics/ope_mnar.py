@@ -751,9 +751,10 @@ def evaluate(data: Episodes, policy: Callable[[np.ndarray, np.ndarray], np.ndarr
 
     # Per-method reward targets, rows used and the O passed to the next-step policy.
     plans, infos = {}, {m: {} for m in methods}
-    for m in [*methods, "naive_fqe"] if "scope_is" in methods else methods:  # SCOPE shapes with naive FQE
-        if m == "scope_is":
-            continue
+    fqe_methods = [m for m in methods if m != "scope_is"]
+    if "scope_is" in methods and "naive_fqe" not in fqe_methods:
+        fqe_methods.append("naive_fqe")  # SCOPE's potentials are the complete-case FQE values
+    for m in fqe_methods:
         if m == "oracle_fqe":
             plans[m] = (rewards, np.ones_like(observed), obs_f)
         elif m == "naive_fqe":
