@@ -192,7 +192,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         arxiv=None,
         area="moe",
         issue=5,
-        code="algorithms/scaling/sparse_scaling.py",
+        code="algorithms/scaling/sparse_law.py",
         claim=(
             "A scaling law in active parameters, unique tokens, repetition and"
             " sparsity predicts loss and extrapolates to held-out models up to"
@@ -204,6 +204,11 @@ CATALOG: tuple[CatalogEntry, ...] = (
         paper_result=(
             "law extrapolates to 7.68B held-out; loss-optimal sparsity ~50% at"
             " fixed data"
+        ),
+        status="implemented",
+        ours=(
+            "published law: 24/24 derived numbers match; toy DST d=64: overfit"
+            " 0.12 dense vs 0.07/0.02 sparse; toy fit R^2<0"
         ),
     ),
     # ------------------------------------------------------------------ rl_reasoning
@@ -224,6 +229,11 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " up to 6.7% on AIME24 for 1B-7B models."
         ),
         paper_result="up to +6.7% on AIME24; Pass@1 and Pass@k both improve",
+        status="implemented",
+        ours=(
+            "toy: DS 12.9 distinct@64 at C>=.95 vs ent+ 6.2, GRPO 1.0; CountDown"
+            " pass@1 .418 vs <=.412, pass@32 .841 vs ent+ .878"
+        ),
     ),
     CatalogEntry(
         slug="rl_compute_allocation",

@@ -3,9 +3,12 @@
 Public names:
   TransformerConfig, Transformer, TransformerOutput: the decoder LM (models.transformer).
   KVCache, init_cache: its explicit KV cache (models.kv_cache).
+  MoEFFN, dense_moe_reference: the mixture-of-experts FFN, registered as ffn_type "moe" (models.moe).
 """
 
 from models.kv_cache import KVCache, init_cache
 from models.transformer import Transformer, TransformerConfig, TransformerOutput, register_ffn
+from models.moe import MoEFFN, dense_moe_reference  # noqa: E402  (importing registers ffn_type "moe")
 
-__all__ = ["KVCache", "init_cache", "Transformer", "TransformerConfig", "TransformerOutput", "register_ffn"]
+__all__ = ["KVCache", "init_cache", "Transformer", "TransformerConfig", "TransformerOutput", "register_ffn",
+           "MoEFFN", "dense_moe_reference"]

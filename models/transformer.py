@@ -15,6 +15,9 @@ What the papers need from a model, all passed as arguments (no monkey-patching):
     (head-level steering);
   * `residual_deltas` [L, D], [L, b, D] or [L, b, t, D]: added to the residual
     stream after block l (activation steering);
+  * `router_biases` [L, E] or [L, b, E]: added to the router logits of a
+    mixture-of-experts FFN (`ffn_type="moe"`, see `models.moe`) before gating
+    (test-time rerouting); dense FFNs ignore them;
   * `return_intermediates=True`: the residual stream after the embedding and
     after every block [L+1, b, t, D], the per-head attention outputs
     [L, b, t, h, d] (after mask and delta), and each FFN's auxiliary outputs
@@ -49,6 +52,7 @@ from flax import nnx
 from models.kv_cache import KVCache, init_cache, write_tokens
 from pallas_kernels import decode_attention as decode_kernel
 from pallas_kernels import ffd_decode as ffd_kernel
+from pallas_kernels import grouped_matmul as gmm_kernel
 from primitives import attention as attn_lib
 from primitives import ffd as ffd_lib
 
@@ -113,6 +117,16 @@ class TransformerConfig:
         pages by per-page min/max key bounds), which keep ``ceil(ffd_kept_fraction * full pages)``
         pages per sequence and KV head.
       ffd_kept_fraction: the budget selectors' kept fraction, in (0, 1].
+      num_experts: MoE (ffn_type="moe"): routed experts E.
+      experts_per_token: MoE: top-k experts per token.
+      num_shared_experts: MoE: always-on experts added to the routed output.
+      moe_d_ff: MoE: hidden width of each expert (None = d_ff).
+      router_renormalize: MoE: renormalize the top-k softmax probabilities to sum to 1 (else the
+        raw softmax-over-all-experts probabilities are the gates).
+      load_balance_weight: MoE: weight of the Switch/GShard load-balancing loss per layer.
+      router_z_weight: MoE: weight of the router z-loss per layer.
+      moe_implementation: MoE: `pallas_kernels.grouped_matmul` implementation (None = best
+        available: the Pallas kernel on TPU/GPU, the XLA reference on CPU).
     """
 
     vocab_size: int
@@ -135,6 +149,14 @@ class TransformerConfig:
     ffd_bits: int = 2
     ffd_selector: str = "top_delta"
     ffd_kept_fraction: float = 0.1
+    num_experts: int = 8
+    experts_per_token: int = 2
+    num_shared_experts: int = 0
+    moe_d_ff: int | None = None
+    router_renormalize: bool = True
+    load_balance_weight: float = 0.01
+    router_z_weight: float = 0.001
+    moe_implementation: str | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff"):
@@ -161,10 +183,40 @@ class TransformerConfig:
             raise ValueError(f"ffd_selector must be one of {FFD_SELECTORS}; got {self.ffd_selector!r}")
         if not 0.0 < self.ffd_kept_fraction <= 1.0:
             raise ValueError(f"ffd_kept_fraction must be in (0, 1]; got {self.ffd_kept_fraction}")
+        if self.ffn_type == "moe":
+            self._check_moe()
+
+    def _check_moe(self):
+        if self.num_experts < 1:
+            raise ValueError(f"num_experts must be >= 1 for ffn_type='moe'; got {self.num_experts}")
+        if not 1 <= self.experts_per_token <= self.num_experts:
+            raise ValueError(f"experts_per_token must be in [1, num_experts={self.num_experts}]; "
+                             f"got {self.experts_per_token}")
+        if self.num_shared_experts < 0:
+            raise ValueError(f"num_shared_experts must be >= 0; got {self.num_shared_experts}")
+        if self.moe_d_ff is not None and self.moe_d_ff < 1:
+            raise ValueError(f"moe_d_ff must be >= 1 or None; got {self.moe_d_ff}")
+        for name in ("load_balance_weight", "router_z_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
+        if self.moe_implementation is not None and self.moe_implementation not in gmm_kernel.IMPLEMENTATIONS:
+            raise ValueError(f"moe_implementation must be None or one of {gmm_kernel.IMPLEMENTATIONS}; "
+                             f"got {self.moe_implementation!r}")
+
+    @property
+    def resolved_moe_d_ff(self) -> int:
+        return self.d_ff if self.moe_d_ff is None else self.moe_d_ff
 
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    def _ffn_weights(self, *, active: bool) -> int:
+        """FFN weights per layer: all of them, or those one token multiplies (MoE: k + shared + router)."""
+        if self.ffn_type != "moe":
+            return 3 * self.d_model * self.d_ff
+        experts = (self.experts_per_token if active else self.num_experts) + self.num_shared_experts
+        return 3 * self.d_model * self.resolved_moe_d_ff * experts + self.d_model * self.num_experts
 
     @property
     def compute_dtype(self):
@@ -174,7 +226,7 @@ class TransformerConfig:
         """Parameter count (embedding included once when tied)."""
         D, d, h, k, f, v = (self.d_model, self.resolved_head_dim, self.num_heads,
                             self.num_kv_heads, self.d_ff, self.vocab_size)
-        per_layer = D * d * (2 * h + 2 * k) + 3 * D * f + 2 * D
+        per_layer = D * d * (2 * h + 2 * k) + self._ffn_weights(active=False) + 2 * D
         return v * D * (1 if self.tie_embeddings else 2) + self.num_layers * per_layer + D
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -187,7 +239,7 @@ class TransformerConfig:
         """
         D, d, h, k, f, v = (self.d_model, self.resolved_head_dim, self.num_heads,
                             self.num_kv_heads, self.d_ff, self.vocab_size)
-        matmul = self.num_layers * (D * d * (2 * h + 2 * k) + 3 * D * f) + D * v
+        matmul = self.num_layers * (D * d * (2 * h + 2 * k) + self._ffn_weights(active=True)) + D * v
         attn = self.num_layers * 2 * seq_len * h * d
         return 3 * 2 * (matmul + attn)
 
@@ -225,7 +277,8 @@ class GatedFFN(nnx.Module):
         self.activation = config.ffn_activation
         self.dtype = config.compute_dtype
 
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def __call__(self, x: jax.Array, *, router_bias: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        del router_bias  # dense: there is no router
         act = _ACTIVATIONS[self.activation]
         wg, wu, wd = (w[...].astype(self.dtype) for w in (self.w_gate, self.w_up, self.w_down))
         hidden = act(x @ wg) * (x @ wu)
@@ -238,7 +291,8 @@ FFN_TYPES: dict[str, Callable[..., nnx.Module]] = {"gated": GatedFFN}
 def register_ffn(name: str, factory: Callable[..., nnx.Module]) -> None:
     """Registers an FFN factory `factory(config, *, rngs) -> Module` under `name`.
 
-    The module must map [b, t, D] to `(y [b, t, D], aux dict)`; `aux` entries
+    The module must map [b, t, D] to `(y [b, t, D], aux dict)`; it is called with
+    a keyword `router_bias=` only when the caller passes router biases. `aux` entries
     are returned per layer in the intermediates (and `aux["loss"]`, if present,
     is summed into `TransformerOutput.aux_loss`).
     """
@@ -342,10 +396,11 @@ class Block(nnx.Module):
         self.ffn_norm = RMSNorm(config.d_model, eps=config.norm_eps)
         self.ffn = FFN_TYPES[config.ffn_type](config, rngs=rngs)
 
-    def __call__(self, x, positions, **attn_kwargs):
+    def __call__(self, x, positions, *, router_bias=None, **attn_kwargs):
         a, heads, new_cache = self.attn(self.attn_norm(x), positions, **attn_kwargs)
         x = x + a
-        f, aux = self.ffn(self.ffn_norm(x))
+        ffn_kwargs = {} if router_bias is None else {"router_bias": router_bias}
+        f, aux = self.ffn(self.ffn_norm(x), **ffn_kwargs)
         return x + f, heads, new_cache, aux
 
 
@@ -405,6 +460,7 @@ class Transformer(nnx.Module):
         head_mask: jax.Array | None = None,
         head_deltas: jax.Array | None = None,
         residual_deltas: jax.Array | None = None,
+        router_biases: jax.Array | None = None,
         return_intermediates: bool = False,
     ) -> TransformerOutput:
         """Runs the LM on `tokens` [b, t].
@@ -422,6 +478,8 @@ class Transformer(nnx.Module):
           head_deltas: [L, h, d] or [L, b, h, d] additions to head outputs.
           residual_deltas: [L, D], [L, b, D] or [L, b, t, D] additions to the
             residual stream after each block.
+          router_biases: [L, E] or [L, b, E] additive router-logit vectors of an
+            MoE FFN (ignored by dense FFNs); None or zeros leave the logits unchanged.
           return_intermediates: also return residual streams, head outputs and
             FFN auxiliaries.
 
@@ -433,6 +491,14 @@ class Transformer(nnx.Module):
             raise ValueError(f"tokens must be [b, t]; got shape {tokens.shape}")
         b, t = tokens.shape
         self._check_hooks(b, t, head_mask, head_deltas, residual_deltas)
+        if router_biases is not None:
+            E = c.num_experts
+            shapes = [(c.num_layers, E), (c.num_layers, b, E)]
+            if c.ffn_type == "moe" and tuple(router_biases.shape) not in shapes:
+                raise ValueError(f"router_biases must have one of the shapes {shapes}; got {tuple(router_biases.shape)}")
+            if router_biases.ndim < 1 or router_biases.shape[0] != c.num_layers:
+                raise ValueError(f"router_biases must have a leading layer dim L={c.num_layers}; "
+                                 f"got {tuple(router_biases.shape)}")
         if cache is not None:
             if segment_ids is not None:
                 raise ValueError("segment_ids cannot be combined with a KV cache")
@@ -457,6 +523,7 @@ class Transformer(nnx.Module):
                 cache_lengths=None if cache is None else cache.lengths,
                 head_mask=None if head_mask is None else head_mask[l],
                 head_delta=None if head_deltas is None else head_deltas[l],
+                router_bias=None if router_biases is None else router_biases[l],
             )
             if residual_deltas is not None:
                 x = x + _residual_delta(residual_deltas[l]).astype(x.dtype)

@@ -16,6 +16,11 @@ decodes measured in the same run: the library's reference ``decode_attention`` o
 ``[b, s, k, d]`` cache, and a head-major einsum (the fastest dense XLA decode we have).
 Timings interleave the contenders and report medians, so a busy machine slows all of them alike.
 
+For the MoE FFN (``models.moe.MoEFFN``, top-2 of E=8 and E=32 SwiGLU experts, 2048 tokens, D=256,
+f=512): the forward through the grouped matmul (``"xla"``, i.e. ``jax.lax.ragged_dot``, and the
+``"xla_tiled"`` per-group padded batched matmul) against every expert on every token combined with the
+top-k gate mask (``models.moe.dense_moe_reference``), same inputs and same run, with modeled FLOPs.
+
 With a GPU present, the same command also compiles the Pallas kernels (Triton), checks them against
 the references, reports the dense decode kernel's achieved bandwidth against the copy ceiling and
 FFD's kernel speedup over our dense decode kernel at 32k-256k tokens. Nothing here is asserted: the
@@ -42,6 +47,7 @@ from pallas_kernels.ffd_decode import ffd_decode as ffd_kernel
 from pallas_kernels import kv_quant
 from pallas_kernels.flash_attention import api as flash_api
 from pallas_kernels.flash_attention.cost import flash_cost
+from pallas_kernels.grouped_matmul import cost as gmm_cost_lib
 from primitives import attention as attn_ref
 from primitives import ffd as ffd_ref
 from primitives import quantization as qz
@@ -218,6 +224,60 @@ def bench_gpu(token_counts, delta: float, repeats: int) -> dict:
     return out
 
 
+def bench_moe(expert_counts=(8, 32), repeats: int = 5, *, tokens: int = 2048, d_model: int = 256,
+              d_ff: int = 512, top_k: int = 2) -> list[dict]:
+    """MoE FFN forward: grouped matmul (dropless, sorted by expert) vs the dense all-experts einsum."""
+    from flax import nnx  # local: the other benches do not need the model stack
+
+    from models.moe import MoEFFN, dense_moe_reference
+    from models.transformer import TransformerConfig
+
+    rows = []
+    x = _normal(jax.random.key(1), (1, tokens, d_model))
+    for num_experts in expert_counts:
+        cfg = TransformerConfig(vocab_size=8, d_model=d_model, num_layers=1, num_heads=4, num_kv_heads=4,
+                                d_ff=d_ff, ffn_type="moe", num_experts=num_experts, experts_per_token=top_k)
+        ffn = MoEFFN(cfg, rngs=nnx.Rngs(0))
+        grouped = {}
+        for impl in ("xla", "xla_tiled"):
+            ffn.implementation = impl
+            gd, st = nnx.split(ffn)
+            grouped[impl] = (jax.jit(lambda st, x, gd=gd: nnx.merge(gd, st)(x)[0]), st)
+        gd, st = nnx.split(ffn)
+        dense = jax.jit(lambda st, x: dense_moe_reference(nnx.merge(gd, st), x))
+        want = dense(st, x)
+        err = {k: float(jnp.max(jnp.abs(f(s, x) - want))) for k, (f, s) in grouped.items()}
+        times = _timed({"grouped_xla": lambda: grouped["xla"][0](grouped["xla"][1], x),
+                        "grouped_xla_tiled": lambda: grouped["xla_tiled"][0](grouped["xla_tiled"][1], x),
+                        "dense_einsum": lambda: dense(st, x)}, repeats)
+        n = tokens * top_k  # routed rows
+        # three expert matmuls (gate, up: D -> f; down: f -> D)
+        g = [gmm_cost_lib.gmm_cost(m=n, k=d_model, n=d_ff, num_groups=num_experts)] * 2 + [
+            gmm_cost_lib.gmm_cost(m=n, k=d_ff, n=d_model, num_groups=num_experts)]
+        dn = [gmm_cost_lib.dense_experts_cost(tokens=tokens, k=d_model, n=d_ff, num_groups=num_experts)] * 2 + [
+            gmm_cost_lib.dense_experts_cost(tokens=tokens, k=d_ff, n=d_model, num_groups=num_experts)]
+        rows.append({"experts": num_experts, "top_k": top_k, "tokens": tokens, "d_model": d_model, "d_ff": d_ff,
+                     "grouped_gflops": sum(c.flops for c in g) / 1e9, "dense_gflops": sum(c.flops for c in dn) / 1e9,
+                     "grouped_mbytes": sum(c.bytes_accessed for c in g) / 1e6,
+                     "dense_mbytes": sum(c.bytes_accessed for c in dn) / 1e6,
+                     "ms": {k: v * 1e3 for k, v in times.items()}, "max_abs_err_vs_dense": err,
+                     "speedup_xla_vs_dense": times["dense_einsum"] / times["grouped_xla"],
+                     "speedup_xla_tiled_vs_dense": times["dense_einsum"] / times["grouped_xla_tiled"]})
+    return rows
+
+
+def _print_moe(rows: list[dict]) -> None:
+    print(f"\nMoE FFN forward, top-k of E experts (grouped matmul vs dense all-experts einsum)")
+    print(f"{'E':>4}{'k':>3}{'GFLOP grp':>11}{'GFLOP dense':>12}{'ms ragged':>11}{'ms tiled':>10}{'ms dense':>10}"
+          f"{'x ragged':>10}{'x tiled':>9}{'max err':>10}")
+    for r in rows:
+        m = r["ms"]
+        print(f"{r['experts']:>4}{r['top_k']:>3}{r['grouped_gflops']:>11.2f}{r['dense_gflops']:>12.2f}"
+              f"{m['grouped_xla']:>11.2f}{m['grouped_xla_tiled']:>10.2f}{m['dense_einsum']:>10.2f}"
+              f"{r['speedup_xla_vs_dense']:>10.2f}{r['speedup_xla_tiled_vs_dense']:>9.2f}"
+              f"{max(r['max_abs_err_vs_dense'].values()):>10.1e}")
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", default="16384,65536", help="comma list of FFD cache lengths (CPU)")
@@ -232,6 +292,8 @@ def main(argv=None) -> dict:
               "date": time.strftime("%Y-%m-%d")}
     result["ops"] = bench_ops(args.repeats)
     _print_rows(result["ops"])
+    result["moe"] = bench_moe(repeats=args.repeats)
+    _print_moe(result["moe"])
     result["ffd"] = bench_ffd([int(t) for t in args.tokens.split(",")], args.delta, args.repeats)
     _print_ffd(result["ffd"])
     if backend == "gpu":

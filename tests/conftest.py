@@ -12,6 +12,11 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# One persistent compilation cache for the xdist workers, the doctests and the notebook kernels (which
+# inherit the environment), so a program compiled in one process is loaded, not recompiled, in another.
+# It lives in the checkout (git-ignored), so a clean clone, as in CI, starts cold.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(__file__)), ".jax_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 import pytest  # noqa: E402
 

@@ -144,7 +144,7 @@ def test_bfloat16_compute_is_close_to_float32():
 @pytest.mark.parametrize("overrides, match", [
     (dict(num_heads=3, num_kv_heads=2), "multiple of num_kv_heads"),
     (dict(d_model=30, num_heads=4), "divisible by num_heads"),
-    (dict(ffn_type="moe"), "unknown ffn_type"),
+    (dict(ffn_type="no_such_ffn"), "unknown ffn_type"),
     (dict(ffn_activation="relu"), "ffn_activation"),
     (dict(num_layers=0), "num_layers"),
 ])

@@ -1,0 +1,31 @@
+"""On-policy RL post-training of the decoder LM (issue 6).
+
+Modules:
+  grpo: the engine (rollouts with batched generation, verifiable rewards,
+    group advantages, jitted clipped-surrogate updates with optional KL and
+    entropy terms, a checkpointed training loop) and its plug-in points.
+  differential_smoothing: DS-GRPO advantages, the entropy-bonus / penalty
+    baselines and the exact tabular toy (Gai et al., arXiv:2511.19942).
+"""
+
+from algorithms.rl import differential_smoothing, grpo
+from algorithms.rl.differential_smoothing import ds_advantage_fn, ds_advantages
+from algorithms.rl.grpo import (
+    GRPOConfig,
+    PromptBatch,
+    RLResult,
+    Rollout,
+    grpo_advantage_fn,
+    policy_logprobs,
+    rl_step,
+    sample_rollout,
+    text_reward,
+    train,
+    update,
+)
+
+__all__ = [
+    "grpo", "differential_smoothing", "GRPOConfig", "PromptBatch", "Rollout", "RLResult",
+    "grpo_advantage_fn", "text_reward", "policy_logprobs", "sample_rollout", "update", "rl_step", "train",
+    "ds_advantages", "ds_advantage_fn",
+]
