@@ -181,6 +181,11 @@ CATALOG: tuple[CatalogEntry, ...] = (
         paper_result=(
             "57% higher detection accuracy than token statistics (gpt-oss-20b)"
         ),
+        status="verified",
+        ours=(
+            "planted SSH world: +39% balanced acc. over token statistics (.876 vs"
+            " .632), ties single domain in control; tiny MoE LM +4% (.806 vs .775)"
+        ),
     ),
     CatalogEntry(
         slug="sparse_scaling",
