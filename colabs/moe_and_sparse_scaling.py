@@ -17,9 +17,11 @@
 # How to call this library's MoE layer and the methods of the MoE-area papers:
 #
 # - the MoE building blocks: routing primitives, the grouped-matmul kernel, an MoE decoder LM;
+# - test-time rerouting (Rewiring Experts on the Fly): router-bias fitting on the context, continuous rerouted generation;
+# - RouterInterp: SAE-feature explanations of experts and their detection scores;
 # - sparse data-constrained scaling (When Data Is Scarce): the law, its fit, the optimal density, dynamic sparse training.
 #
-# Test-time rerouting and RouterInterp are not in the library yet (issue 5). Set SMOKE=1 for a fast run.
+# Set SMOKE=1 for a fast run.
 
 # %%
 import os
@@ -56,7 +58,7 @@ x = jax.random.normal(key, (12, 8))  # 12 tokens, width 8
 w_router = jax.random.normal(jax.random.key(1), (8, 4))  # 4 experts
 logits = routing.router_logits(x, w_router)
 r = routing.top_k_gating(logits, 2)  # top-2, gates renormalized over the two
-print("experts of token 0:", np.asarray(r.indices[0]).tolist(), "gates:", np.round(np.asarray(r.gates[0]), 3).tolist())
+print("experts of token 0:", np.asarray(r.indices[0]).tolist(), "gates:", [f"{g:.3f}" for g in np.asarray(r.gates[0])])
 print(f"load-balance loss {float(routing.load_balancing_loss(r.probs, r.indices)):.3f} (1.0 = perfectly balanced)")
 
 d = routing.dispatch_metadata(r.indices, 4)  # sort the 24 token-expert pairs by expert
@@ -83,6 +85,62 @@ print("logits", out.logits.shape, "router logits of layer 0", aux["router_logits
 # An additive router bias per layer (the handle test-time rerouting adapts): zero leaves logits unchanged.
 zero = jnp.zeros((cfg.num_layers, cfg.num_experts))
 print("zero bias is a no-op:", bool(jnp.array_equal(model(tokens, router_biases=zero).logits, out.logits)))
+
+# %% [markdown]
+# ## Test-time rerouting ("Rewiring Experts on the Fly")
+#
+# `algorithms.moe.rerouting` fits one additive router-logit vector per selected layer on the
+# next-token loss of the context seen so far (weights frozen), picks the layers by routing
+# confidence, and re-fits every `interval` generated tokens, recomputing the KV cache each time.
+# On the untrained MoE model from above the numbers mean nothing; the experiment trains a tiny
+# MoE LM on a mixture of synthetic domains and evaluates shifted prompts.
+
+# %%
+from algorithms.moe import rerouting as rr
+
+prompts = np.asarray(jax.random.randint(jax.random.key(4), (2, 12), 3, 32), np.int32)
+lengths = np.array([12, 9], np.int32)  # right-padded prompts
+conf = rr.RerouteConfig(layers="confidence", rho=0.5, steps=3, learning_rate=5e-2, interval=4)
+delta, info = rr.adapt_on_context(model, prompts, lengths, config=conf)  # the prefill round
+print("adapted layers per sequence:", info.layer_mask.T.astype(int).tolist(),
+      " context loss", [f"{v:.3f}" for v in info.loss_before], "->", [f"{v:.3f}" for v in info.loss_after])
+out = rr.rerouted_generate(model, prompts, lengths, max_new_tokens=8, config=conf)
+print("generated:", out.tokens.tolist(), f"({len(out.rounds)} adaptation rounds)")
+# Baselines, sweeps and the verdict: `python -m experiments run moe_rerouting --preset quick`.
+
+# %% [markdown]
+# ## RouterInterp: explaining experts by unions of SAE features (SSH)
+#
+# "RouterInterp and the Superposed Specialisation Hypothesis" explains each expert by the set of
+# sparse-autoencoder features whose union predicts routing to it, and scores explanations by how
+# well a simulator that reads them detects routing on held-out tokens. `models.sae` trains the TopK
+# SAE on router inputs; `algorithms.moe.router_interp` scores features against router rows
+# (centred across experts), builds the greedy per-expert feature sets and runs the detection
+# metrics and baselines. A planted world gives exact ground truth; here we use its true features
+# (an oracle SAE) to keep the cell fast.
+
+# %%
+import jax
+import numpy as np
+
+from algorithms.moe import router_interp as ri
+
+kw = dict(kind="ssh", num_sequences=150 if SMOKE else 600, seq_len=16, d_model=32, num_domains=4, vocab_size=48,
+          num_groups=6, num_experts=8, num_noise_features=16)
+train = ri.planted_world(jax.random.key(0), **kw)
+test = ri.planted_world(jax.random.key(1), router_world=train, **{**kw, "num_sequences": kw["num_sequences"] // 2})
+act_tr, act_te = train.codes > 0, test.codes > 0
+align = ri.alignment_scores(train.router_w, train.directions, train.codes)  # [F, E], rows centred over experts
+sets = ri.select_feature_sets(act_tr, train.labels, align, min_precision=0.6, target_recall=0.95, max_features=16)
+print("expert 0: planted", sorted(train.planted_sets[0]), "recovered", sorted(sets[0].features))
+ctx = ri.TokenContext(active=act_te, token_ids=test.token_ids, domain_ids=test.domain_ids,
+                      prev_token_ids=test.prev_token_ids)
+feat = ri.evaluate_explanations(ri.explain_experts(sets), ctx, test.labels)
+tok = ri.evaluate_explanations(ri.token_statistics_explanations(train.token_ids, train.labels, train.vocab_size),
+                               ctx, test.labels)
+print(f"held-out balanced accuracy: feature sets {feat['mean']['balanced_accuracy']:.3f}, "
+      f"token statistics {tok['mean']['balanced_accuracy']:.3f}")
+# With a learned SAE and the tiny MoE LM: `python -m experiments run router_interp --preset quick`.
 
 # %% [markdown]
 # ## Sparse data-constrained scaling law and dynamic sparse training
