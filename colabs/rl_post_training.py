@@ -17,9 +17,10 @@
 # How to call this library's on-policy RL engine and the RL-area papers built on it:
 #
 # - the GRPO engine and its pure losses;
-# - Differential Smoothing: the DS advantage, an exact tabular toy, and the CountDown experiment.
+# - Differential Smoothing: the DS advantage, an exact tabular toy, and the CountDown experiment;
+# - IsoCompute: iso-compute sweeps, the compute-optimal frontier and a GRPO bandit surrogate.
 #
-# IsoCompute, SCM-GRPO and N-MARS are not in the library yet (issue 6). Set SMOKE=1 for a fast run.
+# SCM-GRPO and N-MARS are not in the library yet (issue 6). Set SMOKE=1 for a fast run.
 
 # %%
 import os
@@ -110,3 +111,26 @@ from experiments import report
 preset = "smoke" if SMOKE else "quick"  # smoke: the tabular part only; quick: about 5 minutes on 2 CPU cores
 result = report.run_experiment("differential_smoothing", preset, workdir=pathlib.Path(tempfile.mkdtemp()))
 print(result["verdict"])
+
+# %% [markdown]
+# ## IsoCompute: compute-optimal rollouts per problem
+#
+# "IsoCompute Playbook" (arXiv:2603.12151) splits a budget of C rollouts as C = n * B_p * M (rollouts
+# per problem, problems per batch, update steps) and finds that the best n rises with C and then
+# saturates. `algorithms.rl.compute_allocation` holds the sweep generator, the frontier, the
+# saturating fit and a softmax-bandit surrogate of GRPO with Monte-Carlo and exact expected updates.
+
+# %%
+from algorithms.rl import compute_allocation as ca
+
+# Why small n fails on hard problems: a group with only failures (or only successes) has zero advantage.
+for n in (1, 4, 16, 64):
+    print(f"n={n:3d}: P(group has a learning signal) at p=0.01: {float(ca.non_degenerate_prob(n, 0.01)):.3f}")
+cfgs = ca.iso_compute_configs([2**10], [1, 4, 16, 64], [4, 16])
+print("iso-compute configs for C=1024 (n, B_p, M):", [(c.n, c.num_problems, c.steps) for c in cfgs])
+
+bandit = ca.make_bandit(jax.random.key(0), np.full(16, 0.05), num_answers=8, dim=8)
+for n in (1, 4, 16):
+    out = ca.train_bandit(jax.random.key(1), bandit, n=n, num_problems=8, steps=2**12 // (n * 8))
+    print(f"C=4096, n={n:2d}: best mean correct mass {float(out['best']):.3f}")
+# The full frontier on easy and hard splits: `python -m experiments run rl_compute_allocation --preset quick`.

@@ -268,6 +268,12 @@ CATALOG: tuple[CatalogEntry, ...] = (
             "n*(C) rises then saturates (about 512 rollouts on the easy split;"
             " spec: uncertain)"
         ),
+        status="implemented",
+        ours=(
+            "GRPO bandit surrogate, C=2^10..2^16: n* stays 2-4 (Spearman easy"
+            " +.32, hard +.43); capacity-limited policy (easy pass@1 .30->.35):"
+            " not reproduced"
+        ),
     ),
     CatalogEntry(
         slug="scm_grpo",
