@@ -158,12 +158,12 @@ def _bank(c: Config, task: DomainTask) -> tuple[np.ndarray, np.ndarray]:
     return toks, np.full((toks.shape[0],), toks.shape[1], np.int32)
 
 
-def _prompts(data: dict, c: Config) -> tuple[np.ndarray, np.ndarray]:
+def _prompts(data: dict, c: Config) -> np.ndarray:
     P = c.prompt_len
     p = data["tokens"][:, :P].copy()
     j = np.arange(P)[None, :]
     p[j >= data["prompt_lengths"][:, None]] = 0  # drop the continuation from the prompt block
-    return p, data["prompt_lengths"]
+    return p
 
 
 def _per_family(values: np.ndarray, data: dict, mask: np.ndarray | None = None) -> dict:
@@ -197,7 +197,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     train_s = time.time() - t0
     data = _eval_data(c, task)
     toks, pl, cl = data["tokens"], data["prompt_lengths"], data["cont_lengths"]
-    prompts, _ = _prompts(data, c)
+    prompts = _prompts(data, c)
     b = toks.shape[0]
     base_cfg = rr.RerouteConfig(layers="confidence", rho=c.rho, steps=c.steps, learning_rate=c.reroute_lr,
                                 interval=c.interval, l2=c.l2)

@@ -115,7 +115,7 @@ def _sweep(c: Config, bandit: ca.Bandit, split: str) -> list[dict]:
     return rows
 
 
-def _analyse(c: Config, rows: list[dict]) -> dict:
+def _analyse(rows: list[dict]) -> dict:
     budgets = sorted({r["budget"] for r in rows})
     best_by_n = {}  # (C, n) -> best over B_p
     for r in rows:
@@ -162,7 +162,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         bandit = _bandit(c, split)
         rows = _sweep(c, bandit, split)
         base = ca.correct_mass(bandit, np.zeros(c.dim, np.float32))
-        results[split] = dict(_analyse(c, rows), rows=rows, base_pass1=float(np.mean(base)))
+        results[split] = dict(_analyse(rows), rows=rows, base_pass1=float(np.mean(base)))
     reproduced = all(r["rises"] and r["saturates"] for r in results.values())
 
     def txt(split):

@@ -8,10 +8,12 @@ Modules:
     baselines and the exact tabular toy (Gai et al., arXiv:2511.19942).
   compute_allocation: IsoCompute (arXiv:2603.12151): iso-compute sweeps over
     (n, B_p, M), the compute-optimal frontier and its saturating fit, and a
-    softmax-bandit surrogate of GRPO with Monte-Carlo and exact updates.
+    softmax-bandit surrogate of GRPO with Monte-Carlo and exact updates
+    (import it directly: `from algorithms.rl import compute_allocation`; it
+    pulls in scipy, which `import algorithms.rl` does not need).
 """
 
-from algorithms.rl import compute_allocation, differential_smoothing, grpo
+from algorithms.rl import differential_smoothing, grpo
 from algorithms.rl.differential_smoothing import ds_advantage_fn, ds_advantages
 from algorithms.rl.grpo import (
     GRPOConfig,
@@ -28,7 +30,7 @@ from algorithms.rl.grpo import (
 )
 
 __all__ = [
-    "grpo", "differential_smoothing", "compute_allocation", "GRPOConfig", "PromptBatch", "Rollout", "RLResult",
+    "grpo", "differential_smoothing", "GRPOConfig", "PromptBatch", "Rollout", "RLResult",
     "grpo_advantage_fn", "text_reward", "policy_logprobs", "sample_rollout", "update", "rl_step", "train",
     "ds_advantages", "ds_advantage_fn",
 ]

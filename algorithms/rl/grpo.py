@@ -81,7 +81,7 @@ import optax
 from flax import nnx
 
 from algorithms.decoding.generate import generate
-from algorithms.training import Checkpointer, TrainState
+from algorithms.training import Checkpointer, FitResult, TrainState
 from primitives import policy_losses as pl
 from primitives.sampling import Sampler
 
@@ -457,23 +457,10 @@ def rl_step(state: TrainState, prompts: PromptBatch, key: jax.Array, *, graphdef
     return state, metrics, rollout
 
 
-class RLResult(NamedTuple):
-    """Output of `train`.
-
-    Attributes:
-      graphdef: the policy structure.
-      state: the final TrainState (`state.params` = trained policy).
-      history: logged metric dicts (with "iteration").
-      resumed_from: the RL iteration the run resumed from (None = fresh).
-    """
-
-    graphdef: nnx.GraphDef
-    state: TrainState
-    history: list[dict[str, float]]
-    resumed_from: int | None
-
-    def model(self) -> nnx.Module:
-        return nnx.merge(self.graphdef, self.state.params)
+# `train`'s output: the same record as supervised `training.fit` returns (graphdef, final TrainState,
+# logged metrics, resume point); here `history` rows carry "iteration" and `resumed_from` is the RL
+# iteration the run resumed from. `.model()` merges the trained policy.
+RLResult = FitResult
 
 
 def train(*, graphdef: nnx.GraphDef, params: Any, optimizer: optax.GradientTransformation, config: GRPOConfig,

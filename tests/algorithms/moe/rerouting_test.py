@@ -46,8 +46,9 @@ def generation(model, data):
     return res, before
 
 
-def _forward(model):
-    """A jitted `(tokens, delta) -> logits` of the frozen model (eager MoE calls are slow)."""
+@pytest.fixture(scope="module")
+def forward(model):
+    """A jitted `(tokens, delta) -> logits` of the frozen model, shared by the tests (eager MoE calls are slow)."""
     graphdef, state = nnx.split(model)
     f = jax.jit(lambda st, t, d: nnx.merge(graphdef, st)(t, router_biases=d).logits)
     return lambda t, d=None: f(state, jnp.asarray(t, jnp.int32),
@@ -68,11 +69,11 @@ def _ce_numpy(logits, tokens):
     return lse - np.take_along_axis(lg, np.asarray(tokens)[:, 1:, None], -1)[..., 0]
 
 
-def test_zero_bias_is_bitwise_identity(model, data):
+def test_zero_bias_is_bitwise_identity(model, data, forward):
     toks, lens = data
     graphdef, state = nnx.split(model)
     base = jax.jit(lambda st, t: nnx.merge(graphdef, st)(t).logits)(state, jnp.asarray(toks))
-    zero = _forward(model)(toks, jnp.zeros((L, 3, E)))
+    zero = forward(toks, jnp.zeros((L, 3, E)))
     assert np.array_equal(np.asarray(base), np.asarray(zero))
     d, info = rr.fit_router_bias(model, toks, rr._context_weights(toks.shape, lens),
                                  config=rr.RerouteConfig(steps=0))
@@ -80,9 +81,9 @@ def test_zero_bias_is_bitwise_identity(model, data):
     np.testing.assert_array_equal(info.loss_before, info.loss_after)
 
 
-def test_context_loss_matches_numpy(model, data):
+def test_context_loss_matches_numpy(model, data, forward):
     toks, lens = data
-    lg = _forward(model)(toks[:, :-1])
+    lg = forward(toks[:, :-1])
     ce = _ce_numpy(lg, toks)
     want = [ce[i, :lens[i] - 1].mean() for i in range(3)]
     np.testing.assert_allclose(rr.context_loss(model, toks, lens), want, rtol=1e-5)
@@ -152,7 +153,7 @@ def test_layer_confidence_matches_intermediates(model, data):
         np.testing.assert_allclose(conf[:, l], want, rtol=1e-5)
 
 
-def test_generation_after_adaptation_equals_full_recompute(model, data, generation):
+def test_generation_after_adaptation_equals_full_recompute(model, data, generation, forward):
     toks, lens = data
     res, _ = generation
     m = CFG.interval
@@ -160,7 +161,7 @@ def test_generation_after_adaptation_equals_full_recompute(model, data, generati
     seqs = np.zeros((3, 12 + 7), np.int32)  # the whole sequence, right-padded (causal: padding is never read)
     for i in range(3):
         seqs[i, :lens[i] + 7] = list(toks[i, :lens[i]]) + list(res.tokens[i])
-    fwd = _forward(model)
+    fwd = forward
     zero = np.asarray(fwd(seqs))
     diff_from_zero = 0.0
     for r, rd in enumerate(res.rounds):
@@ -279,10 +280,10 @@ def test_schedule_prefill_and_every_m_tokens(model, data):
     assert res.rounds == [] and not np.abs(res.delta).any()
 
 
-def test_oracle_lowers_continuation_nll_and_nll_matches_numpy(model, data):
+def test_oracle_lowers_continuation_nll_and_nll_matches_numpy(model, data, forward):
     toks, _ = data
     p, c = np.array([6, 4, 8]), np.array([5, 6, 3])
-    lg = _forward(model)(toks[:, :-1])
+    lg = forward(toks[:, :-1])
     ce = _ce_numpy(lg, toks)
     want = [ce[i, p[i] - 1:p[i] - 1 + c[i]].mean() for i in range(3)]
     np.testing.assert_allclose(rr.continuation_nll(model, toks, p, c), want, rtol=1e-5)
