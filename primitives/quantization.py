@@ -16,8 +16,8 @@ Rounding, defined bit-exactly: every step is IEEE float32 arithmetic in the orde
 (``x`` is first cast to float32; ``x / s`` is a true, correctly rounded division, not a multiply by
 ``1/s``; the scale's division by the constant Q, o or L is a multiply by its float32 reciprocal
 ``fl(1/Q)``, which is what XLA compiles a constant division to under ``jit``), and ``round`` is
-round-half-to-even (``jnp.round``). The scale is computed in float32, clamped at the smallest
-normal number of ``scale_dtype`` and then *stored* in ``scale_dtype``; codes and zero points are
+round-half-to-even (``jnp.round``). The scale is computed in float32, clamped to [smallest normal,
+largest finite] of ``scale_dtype`` and then *stored* in ``scale_dtype``; codes and zero points are
 computed against the stored (rounded) scale, so ``dequantize`` of the stored tensor is exactly what
 the codes mean. In float32 storage every element obeys ``|x - xhat| <= s / 2`` up to one float32
 rounding of ``x / s`` and of ``xhat``.
@@ -75,7 +75,7 @@ __all__ = [
 
 BITS = (2, 4, 8)
 SCHEMES = ("symmetric", "midrise", "asymmetric")
-SCALE_DTYPES = ("float32", "bfloat16", "float16")
+SCALE_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,17 +227,17 @@ def scale_and_zero(hi: jax.Array, lo: jax.Array | None, *, bits: int, scheme: st
     ``jit`` but not eagerly, so only the multiply gives the same bits everywhere.
     """
     dt = _scale_dtype(scale_dtype)
-    tiny = jnp.float32(jnp.finfo(dt).tiny)
+    tiny, big = jnp.float32(jnp.finfo(dt).tiny), jnp.float32(jnp.finfo(dt).max)
     r = jnp.float32(reciprocal_divisor(bits, scheme))
     if scheme == "asymmetric":
-        return jnp.maximum((hi - lo) * r, tiny).astype(dt), lo.astype(dt)
-    return jnp.maximum(hi * r, tiny).astype(dt), None
+        return jnp.clip((hi - lo) * r, tiny, big).astype(dt), jnp.clip(lo, -big, big).astype(dt)
+    return jnp.clip(hi * r, tiny, big).astype(dt), None
 
 
 def group_stats(xg: jax.Array, *, bits: int, scheme: str, scale_dtype=jnp.float32):
     """Stored (scale, zero) of groups along the last axis of float32 ``xg`` [..., G] -> [..., 1].
 
-    The scale is computed in float32, clamped at the smallest normal of ``scale_dtype`` and cast to it;
+    The scale is computed in float32, clamped to the normal range of ``scale_dtype`` and cast to it;
     ``zero`` (asymmetric only, else None) is ``min x`` cast to ``scale_dtype``.
     """
     if scheme == "asymmetric":
@@ -330,7 +330,8 @@ def quantize(x: jax.Array, *, bits: int, group_size: int, axis: int = -1, scheme
       axis: the axis along which groups run (e.g. -1: per-token groups of channels; the token axis:
         per-channel groups of tokens as KIVI does for keys).
       scheme: "symmetric", "midrise" or "asymmetric" (see module docstring).
-      scale_dtype: storage dtype of scales and zero points: float32, bfloat16 or float16.
+      scale_dtype: storage dtype of scales and zero points: float32, bfloat16, float16 or
+        float8_e4m3fn (QVG's choice; its smallest normal 2^-6 floors the scale of small groups).
       pack_block: elements per packing block along the last axis (default: ``group_size`` if ``axis``
         is the last axis, else the whole last axis).
 
