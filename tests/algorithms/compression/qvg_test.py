@@ -177,3 +177,78 @@ def test_rotation_spreads_outlier_channels():
     rtn = _mse(kvb.dequantize(kvb.quantize_kv(x, "rtn", kind="key", bits=4, group_size=64)), x)
     rot = _mse(kvb.dequantize(kvb.quantize_kv(x, "quarot", kind="key", bits=4, group_size=64)), x)
     assert rot < rtn
+
+
+# ------------------------------------------------------------------ chunked cache policy
+
+
+def _chunks(n, t=16, d=64, seed=5):
+    rng = np.random.default_rng(seed)
+    return [(jnp.asarray(rng.standard_normal((1, 2, t, d)).astype(np.float32)),
+             jnp.asarray(rng.standard_normal((1, 2, t, d)).astype(np.float32))) for _ in range(n)]
+
+
+SMALL_CFG = qvg.QVGConfig(num_centroids=8, kmeans_iters=2)
+SMALL = qvg.qvg_quantizer(SMALL_CFG)
+
+
+def test_spans_are_quantized_exactly_at_multiples_of_the_quant_factor():
+    cache = qvg.ChunkedKVCache(SMALL, qvg.ChunkPolicy(quant_factor=3), key=KEY)
+    layouts = []
+    for k, v in _chunks(7):
+        cache.append(k, v)
+        layouts.append("".join(c[0] if c == "F" else c[1] for c in cache.layout()))
+    assert layouts == ["F", "FF", "000", "000F", "000FF", "000111", "000111F"]
+
+
+def test_reads_are_the_full_chunks_and_the_reference_dequantization_of_each_span():
+    chunks = _chunks(5)
+    cache = qvg.ChunkedKVCache(SMALL, qvg.ChunkPolicy(quant_factor=2), key=KEY)
+    for k, v in chunks:
+        cache.append(k, v)
+    rk, rv = cache.read()
+    for j in range(2):
+        span_key = jax.random.fold_in(KEY, j)
+        ks = jnp.concatenate([chunks[2 * j][0], chunks[2 * j + 1][0]], axis=-2)
+        vs = jnp.concatenate([chunks[2 * j][1], chunks[2 * j + 1][1]], axis=-2)
+        ref_k = qvg.dequantize(qvg.qvg_quantize(ks, jax.random.fold_in(span_key, 0), config=SMALL_CFG))
+        ref_v = qvg.dequantize(qvg.qvg_quantize(vs, jax.random.fold_in(span_key, 1), config=SMALL_CFG))
+        np.testing.assert_array_equal(rk[..., 32 * j:32 * (j + 1), :], ref_k)
+        np.testing.assert_array_equal(rv[..., 32 * j:32 * (j + 1), :], ref_v)
+    np.testing.assert_array_equal(rk[..., 64:, :], chunks[4][0])  # the newest chunk is untouched
+
+
+def test_sink_and_recent_chunks_stay_in_full_precision():
+    cache = qvg.ChunkedKVCache(SMALL, qvg.ChunkPolicy(quant_factor=2, sink_chunks=1, keep_recent_chunks=2), key=KEY)
+    for k, v in _chunks(7):
+        cache.append(k, v)
+    assert cache.layout() == ["F", "Q0", "Q0", "Q1", "Q1", "F", "F"]
+    rk, _ = cache.read()
+    np.testing.assert_array_equal(rk[..., :16, :], _chunks(7)[0][0])
+
+
+def test_a_span_is_released_only_when_all_its_chunks_leave_the_window():
+    cache = qvg.ChunkedKVCache(SMALL, qvg.ChunkPolicy(quant_factor=2, window_chunks=3), key=KEY)
+    chunks = _chunks(6)
+    for k, v in chunks[:4]:
+        cache.append(k, v)
+    assert cache.layout() == ["Q0", "Q1", "Q1"] and set(cache._spans) == {0, 1}  # span 0 half in the window
+    cache.append(*chunks[4])
+    assert cache.layout() == ["Q1", "Q1", "F"] and set(cache._spans) == {1}
+    assert cache.read()[0].shape == (1, 2, 48, 64)
+
+
+def test_cache_bytes_and_the_baselines_under_the_same_policy():
+    chunks = _chunks(4)
+    full_bytes = 2 * chunks[0][0].nbytes
+    for quantizer in (SMALL, qvg.baseline_quantizer("kivi", bits=2, group_size=32),
+                      qvg.baseline_quantizer("quarot", bits=2, group_size=64)):
+        cache = qvg.ChunkedKVCache(quantizer, qvg.ChunkPolicy(quant_factor=2, keep_recent_chunks=1), key=KEY)
+        for k, v in chunks:
+            cache.append(k, v)
+        assert cache.layout() == ["Q0", "Q0", "F", "F"]
+        sk, sv, _ = cache._spans[0]
+        assert cache.nbytes == 2 * full_bytes + sk.nbytes + sv.nbytes
+        rk, rv = cache.read()
+        assert rk.shape == rv.shape == (1, 2, 64, 64)
+        np.testing.assert_array_equal(rv[..., 32:48, :], chunks[2][1])
