@@ -30,6 +30,7 @@ numbers are printed (and saved with ``--out``) for the reader to judge.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import pathlib
@@ -45,12 +46,14 @@ from pallas_kernels.decode_attention.cost import Cost, decode_cost
 from pallas_kernels.ffd_decode import ffd_cost
 from pallas_kernels.ffd_decode import ffd_decode as ffd_kernel
 from pallas_kernels import kv_quant
+from pallas_kernels import qvg as qvg_kernels
 from pallas_kernels.flash_attention import api as flash_api
 from pallas_kernels.flash_attention.cost import flash_cost
 from pallas_kernels.grouped_matmul import cost as gmm_cost_lib
 from primitives import attention as attn_ref
 from primitives import ffd as ffd_ref
 from primitives import quantization as qz
+from primitives import residual_quantization as rq
 
 H200 = {"name": "H200", "peak_flops": 989e12, "bandwidth": 4.3e12}
 TPU_V5E = {"name": "TPU v5e", "peak_flops": 197e12, "bandwidth": 819e9}
@@ -111,7 +114,37 @@ def bench_ops(repeats: int) -> list[dict]:
     rows.append(_row("decode_attention", f"b{b} s{s} h{h}/{kh} d{d}", decode_cost(
         batch=b, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d, kv_itemsize=4), sec))
     rows.extend(_bench_kv_quant(q, kk, vv, lengths, repeats))
+    rows.extend(_bench_qvg(repeats))
     return rows
+
+
+def _qvg_problem(*, s=4096, kh=8, d=128, t=64, h=8, seed=1):
+    """A chunk of t query tokens over a QVG span of s tokens (one stage, 256 centroids, INT2, G=64)."""
+    k = jax.random.split(jax.random.key(seed), 3)
+    keys, values = _normal(k[0], (1, kh, s, d)), _normal(k[1], (1, kh, s, d))
+    cfg = dataclasses.replace(rq.QVG, kmeans_iters=2)
+    kt, vt = rq.qvg_quantize(keys, k[2], config=cfg), rq.qvg_quantize(values, k[2], config=cfg)
+    q = _normal(k[2], (1, t, h, d))
+    return q, keys, values, kt, vt
+
+
+def _bench_qvg(repeats: int) -> list[dict]:
+    """Attention of one chunk over a QVG span (XLA path: dequantize, then dense) beside bf16 attention."""
+    q, keys, values, kt, vt = _qvg_problem()
+    _, t, h, d = q.shape
+    kh, s = keys.shape[1], keys.shape[2]
+    k16, v16 = (jnp.swapaxes(x, 1, 2).astype(jnp.bfloat16) for x in (keys, values))
+    f = jax.jit(lambda q, kt, vt: qvg_kernels.qvg_attention(q, kt, vt, implementation="xla"))
+    g = jax.jit(lambda q, k, v: attn_ref.attention(q, k, v))
+    times = _timed({"qvg": lambda: f(q, kt, vt), "dense": lambda: g(q.astype(jnp.bfloat16), k16, v16)}, repeats)
+    cost = qvg_kernels.qvg_attention_cost(batch=1, query_rows=t * h // kh, kv_heads=kh, span=s, dim=d,
+                                          stored_bytes=kt.nbytes + vt.nbytes, k_stages=1, v_stages=1,
+                                          centroids=kt.centroids.shape[-2])
+    dense = flash_cost(batch=1, q_len=t, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d, itemsize=2,
+                       causal=False)
+    shape = f"t{t} s{s} h{h}/{kh} d{d}"
+    return [_row(f"qvg attention {kt.bits_per_element:.2f}b", shape, cost, times["qvg"]),
+            _row("attention bf16", shape, dense, times["dense"])]
 
 
 def _bench_kv_quant(q, k, v, lengths, repeats: int) -> list[dict]:

@@ -1,0 +1,237 @@
+"""Public QVG ops: `kmeans_assign(x, centroids)` and `qvg_attention(q, k, v, lengths)`.
+
+Dimension legend: `g` groups (all leading dims flattened), `s` points / span tokens, `d` dim,
+`k` centroids, `b` batch, `t` query tokens, `h` query heads, `kh` KV heads (h % kh == 0),
+`n` stages.
+
+`kmeans_assign` is `primitives.kmeans.assign`: nearest centroid by ``|x|^2 - 2 x.c + |c|^2``,
+lowest index on ties. On compiled GPUs the matmul may run in TF32, which can flip near-ties; the
+interpreter matches the reference exactly.
+
+`qvg_attention` is `primitives.attention.attention(q, K, V, kv_lengths=lengths)` where K and V are
+the dequantized QVG spans (`primitives.residual_quantization.QVGTensor` of shape [b, kh, s, d], the
+per-(batch, head) layout the quantizer clusters over). The kernel reads labels, centroids, packed
+residual codes and scales, never a float copy (see `kernel.py` for the one-hot formulation). The
+stored fp8 scales are widened to float32 in the wrapper (s d / G elements, 1/G of the span), since
+neither backend's dot or convert path needs fp8 there.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_kernels import _backend
+from pallas_kernels.qvg.config import AssignBlockSizes, QVGAttentionBlockSizes
+from pallas_kernels.qvg.cost import assign_cost, qvg_attention_cost
+from pallas_kernels.qvg.kernel import kmeans_assign_kernel, qvg_attention_kernel
+from primitives import attention as attn_ref
+from primitives import kmeans as km
+from primitives import residual_quantization as rq
+
+__all__ = ["kmeans_assign", "qvg_attention"]
+
+
+def _pad_axis(a: jax.Array, axis: int, size: int, value=0) -> jax.Array:
+    if a.shape[axis] == size:
+        return a
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, size - a.shape[axis])
+    return jnp.pad(a, widths, constant_values=value)
+
+
+def _centroid_pad(k: int, implementation: str) -> int:
+    """Padded centroid count: Triton's dot needs a power of two >= 16, TPU a multiple of 8."""
+    if implementation == "pallas_triton":
+        return max(16, _backend.next_power_of_two(k))
+    return -(-k // 8) * 8
+
+
+@functools.partial(jax.jit, static_argnames=("block_sizes", "implementation", "interpret"))
+def kmeans_assign(x: jax.Array, centroids: jax.Array, *, block_sizes: AssignBlockSizes | None = None,
+                  implementation: str | None = None, interpret: bool | None = None) -> jax.Array:
+    """Nearest-centroid labels of every point.
+
+    Args:
+      x: [..., s, d] points.
+      centroids: [..., k, d] with the same leading dims.
+      block_sizes: tiling; default `AssignBlockSizes.default(points=s)`.
+      implementation: None | "xla" (`primitives.kmeans.assign`) | "pallas" | "pallas_tpu" | "pallas_triton".
+      interpret: run the Pallas kernel in the interpreter (None = iff on CPU).
+
+    Returns:
+      [..., s] int32 labels.
+    """
+    if x.ndim < 2 or centroids.ndim != x.ndim or centroids.shape[:-2] != x.shape[:-2] \
+            or centroids.shape[-1] != x.shape[-1]:
+        raise ValueError(f"x [..., s, d] and centroids [..., k, d] must share leading dims and d; got shapes "
+                         f"{x.shape} and {centroids.shape}")
+    impl = _backend.resolve_implementation(implementation)
+    if impl == "xla":
+        return km.assign(x, centroids)
+    lead, (s, d), k = x.shape[:-2], x.shape[-2:], centroids.shape[-2]
+    g = math.prod(lead)
+    bs = block_sizes or AssignBlockSizes.default(points=s)
+    bs.validate(impl)
+    sp = max(1, -(-s // bs.block_s)) * bs.block_s
+    kp = _centroid_pad(k, impl)
+    xf = _pad_axis(x.reshape(g, s, d).astype(jnp.float32), 1, sp)
+    cf = _pad_axis(centroids.reshape(g, k, d).astype(jnp.float32), 1, kp)
+    cc = jnp.sum(cf * cf, axis=-1)[:, None, :]  # [g, 1, kp]
+    cost = assign_cost(groups=g, points=s, centroids=k, dim=d)
+    with _backend.quiet_triton_deprecation():
+        labels = pl.pallas_call(
+            functools.partial(kmeans_assign_kernel, num_centroids=k),
+            grid=(g, sp // bs.block_s),
+            in_specs=[pl.BlockSpec((None, bs.block_s, d), lambda i, j: (i, j, 0)),
+                      pl.BlockSpec((None, kp, d), lambda i, j: (i, 0, 0)),
+                      pl.BlockSpec((None, 1, kp), lambda i, j: (i, 0, 0))],
+            out_specs=pl.BlockSpec((None, bs.block_s, 1), lambda i, j: (i, j, 0)),
+            out_shape=jax.ShapeDtypeStruct((g, sp, 1), jnp.int32),
+            compiler_params=_backend.compiler_params(impl, dimension_semantics=("parallel", "parallel")),
+            interpret=_backend.resolve_interpret(interpret),
+            cost_estimate=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed),
+                                          transcendentals=0),
+            name="kmeans_assign",
+        )(xf, cf, cc)
+    return labels[:, :s, 0].reshape(*lead, s)
+
+
+def _check_span(name: str, t, q: jax.Array) -> None:
+    if not isinstance(t, rq.QVGTensor):
+        raise ValueError(f"{name} must be a primitives.residual_quantization.QVGTensor; got {type(t).__name__}")
+    if len(t.shape) != 4:
+        raise ValueError(f"{name} must be a QVG span of shape [b, kh, s, d]; got shape {t.shape}")
+    b, _, h, d = q.shape
+    if t.shape[0] != b or t.shape[3] != d:
+        raise ValueError(f"q {q.shape} ([b, t, h, d]) and {name} {t.shape} ([b, kh, s, d]) disagree on batch or "
+                         f"head dim")
+    if h % t.shape[1]:
+        raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({t.shape[1]}) in {name}")
+    r = t.residual
+    if r is not None and (r.axis != 3 or r.pack_block != r.group_size):
+        raise ValueError(f"{name}.residual must be quantized along d with pack_block == group_size; got "
+                         f"axis={r.axis}, pack_block={r.pack_block}")
+
+
+def _meta(t: rq.QVGTensor, implementation: str, name: str):
+    r = t.residual
+    if r is None:
+        return None
+    sub = r.group_size // (8 // r.bits)
+    if implementation == "pallas_triton" and sub < 16:
+        raise ValueError(f"Triton's dot needs >= 16 channels per sub-slice: {name} group_size / (8 / bits) = {sub}")
+    return (r.bits, r.group_size, r.scheme)
+
+
+def reference(q: jax.Array, k: rq.QVGTensor, v: rq.QVGTensor, lengths: jax.Array, *, scale: float):
+    """Dequantize the spans, then dense attention; returns (out [b, t, h, d] float32, lse [b, h, t])."""
+    kd = jnp.swapaxes(rq.dequantize(k, jnp.float32), 1, 2)
+    vd = jnp.swapaxes(rq.dequantize(v, jnp.float32), 1, 2)
+    res = attn_ref.attention(q.astype(jnp.float32), kd, vd, kv_lengths=lengths, scale=scale, return_lse=True)
+    return res.out, res.lse
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_sizes", "return_residuals", "implementation",
+                                             "interpret"))
+def qvg_attention(q: jax.Array, k: rq.QVGTensor, v: rq.QVGTensor, lengths: jax.Array | None = None, *,
+                  scale: float | None = None, block_sizes: QVGAttentionBlockSizes | None = None,
+                  return_residuals: bool = False, implementation: str | None = None,
+                  interpret: bool | None = None):
+    """Attention of queries over a QVG-quantized key/value span (no causal mask inside the span).
+
+    Args:
+      q: [b, t, h, d] queries (e.g. the tokens of the chunk being generated).
+      k, v: `QVGTensor` spans of shape [b, kh, s, d] (each with its own stages, centroids and
+        residual format).
+      lengths: [b] valid span tokens per sequence (default: all s).
+      scale: logit scale (default 1/sqrt(d)).
+      block_sizes: tiling; default `QVGAttentionBlockSizes.default(seq_len=s)`.
+      return_residuals: also return lse [b, h, t] float32 (to merge with attention over the
+        full-precision chunks via `primitives.attention.combine_partials`).
+      implementation: None | "xla" (dequantize, then the reference) | "pallas" | "pallas_tpu" | "pallas_triton".
+      interpret: run the Pallas kernel in the interpreter (None = iff on CPU).
+
+    Returns:
+      out [b, t, h, d] in q's dtype (and lse).
+    """
+    if q.ndim != 4:
+        raise ValueError(f"q must be [b, t, h, d]; got shape {q.shape}")
+    _check_span("k", k, q)
+    _check_span("v", v, q)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {k.shape}, v {v.shape}")
+    b, t, h, d = q.shape
+    kh, s = k.shape[1], k.shape[2]
+    lengths = jnp.full((b,), s, jnp.int32) if lengths is None else lengths
+    if lengths.shape != (b,):
+        raise ValueError(f"lengths must have shape [b]=({b},); got {lengths.shape}")
+    lengths = jnp.clip(lengths.astype(jnp.int32), 0, s)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    impl = _backend.resolve_implementation(implementation)
+    if impl == "xla":
+        out, lse = reference(q, k, v, lengths, scale=scale)
+        return (out.astype(q.dtype), lse) if return_residuals else out.astype(q.dtype)
+
+    k_meta, v_meta = _meta(k, impl, "k"), _meta(v, impl, "v")
+    bs = block_sizes or QVGAttentionBlockSizes.default(seq_len=s)
+    bs.validate(impl)
+    g = h // kh
+    rows = g * t
+    rp = max(16, _backend.next_power_of_two(rows)) if impl == "pallas_triton" else -(-rows // 8) * 8
+    # Rows of one KV head: its g query heads times the t query tokens.
+    qg = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, rows, d)
+    qg = _pad_axis(qg, 2, rp)
+    sp = max(1, -(-s // bs.block_k)) * bs.block_k
+
+    arrays, specs = [], []
+    for span in (k, v):
+        n, kc = span.labels.shape[0], span.centroids.shape[-2]
+        kp = _centroid_pad(kc, impl)
+        labels = _pad_axis(span.labels, 3, sp)[..., None]  # [n, b, kh, sp, 1]
+        cents = _pad_axis(span.centroids, 3, kp)  # [n, b, kh, kp, d]
+        arrays += [labels, cents]
+        specs += [pl.BlockSpec((n, None, None, sp, 1), lambda i, j: (0, i, j, 0, 0)),
+                  pl.BlockSpec((n, None, None, kp, d), lambda i, j: (0, i, j, 0, 0))]
+        r = span.residual
+        if r is not None:
+            parts = [r.codes, r.scale.astype(jnp.float32)] + ([r.zero.astype(jnp.float32)]
+                                                              if r.scheme == "asymmetric" else [])
+            for a in parts:
+                arrays.append(_pad_axis(a, 2, sp))
+                specs.append(pl.BlockSpec((None, None, sp, a.shape[-1]), lambda i, j: (i, j, 0, 0)))
+    len_spec = (pl.BlockSpec(memory_space=pltpu.SMEM) if impl == "pallas_tpu"
+                else pl.BlockSpec((b,), lambda i, j: (0,)))
+    cost = qvg_attention_cost(batch=b, query_rows=rows, kv_heads=kh, span=s, dim=d,
+                              stored_bytes=k.nbytes + v.nbytes, k_stages=k.labels.shape[0],
+                              v_stages=v.labels.shape[0], centroids=max(k.centroids.shape[-2], v.centroids.shape[-2]),
+                              q_itemsize=q.dtype.itemsize)
+    kernel = functools.partial(qvg_attention_kernel, k_stages=k.labels.shape[0], v_stages=v.labels.shape[0],
+                               k_meta=k_meta, v_meta=v_meta, block_k=bs.block_k, num_tiles=sp // bs.block_k,
+                               scale=scale)
+    stat = jax.ShapeDtypeStruct((b, kh, rp, 1), jnp.float32)
+    with _backend.quiet_triton_deprecation():
+        o, m, l = pl.pallas_call(
+            kernel,
+            grid=(b, kh),
+            in_specs=[len_spec, pl.BlockSpec((None, None, rp, d), lambda i, j: (i, j, 0, 0))] + specs,
+            out_specs=[pl.BlockSpec((None, None, rp, d), lambda i, j: (i, j, 0, 0)),
+                       pl.BlockSpec((None, None, rp, 1), lambda i, j: (i, j, 0, 0)),
+                       pl.BlockSpec((None, None, rp, 1), lambda i, j: (i, j, 0, 0))],
+            out_shape=[jax.ShapeDtypeStruct((b, kh, rp, d), jnp.float32), stat, stat],
+            compiler_params=_backend.compiler_params(impl, dimension_semantics=("parallel", "parallel")),
+            interpret=_backend.resolve_interpret(interpret),
+            cost_estimate=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed),
+                                          transcendentals=int(cost.transcendentals)),
+            name="qvg_attention",
+        )(lengths, qg, *arrays)
+    o, m, l = o[:, :, :rows], m[:, :, :rows, 0], l[:, :, :rows, 0]
+    safe = jnp.where(l > 0, l, 1.0)
+    out = (o / safe[..., None]).reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+    lse = jnp.where(l > 0, m + jnp.log(safe), -jnp.inf).reshape(b, h, t)
+    return (out.astype(q.dtype), lse) if return_residuals else out.astype(q.dtype)
