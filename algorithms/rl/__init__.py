@@ -11,9 +11,13 @@ Modules:
     softmax-bandit surrogate of GRPO with Monte-Carlo and exact updates
     (import it directly: `from algorithms.rl import compute_allocation`; it
     pulls in scipy, which `import algorithms.rl` does not need).
+  scm_grpo: SCM-GRPO (arXiv:2605.01482): dependency-graph parsing, DAG and
+    sink checks, longest-path depth and the rule-based structural reward.
+  nmars: N-MARS: the <UNDO> token (vocabulary extension, stack rendering,
+    augmentation from the model's own deviations, masked SFT, the UNDO reward).
 """
 
-from algorithms.rl import differential_smoothing, grpo
+from algorithms.rl import differential_smoothing, grpo, nmars, scm_grpo
 from algorithms.rl.differential_smoothing import ds_advantage_fn, ds_advantages
 from algorithms.rl.grpo import (
     GRPOConfig,
@@ -30,7 +34,7 @@ from algorithms.rl.grpo import (
 )
 
 __all__ = [
-    "grpo", "differential_smoothing", "GRPOConfig", "PromptBatch", "Rollout", "RLResult",
+    "grpo", "differential_smoothing", "scm_grpo", "nmars", "GRPOConfig", "PromptBatch", "Rollout", "RLResult",
     "grpo_advantage_fn", "text_reward", "policy_logprobs", "sample_rollout", "update", "rl_step", "train",
     "ds_advantages", "ds_advantage_fn",
 ]

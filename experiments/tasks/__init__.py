@@ -10,6 +10,10 @@
   * `associative_recall`: `AssociativeRecallTask`, multi-query associative
     recall (MQAR) as token ids at any context length.
   * `digits`: `load_digits`, scikit-learn's bundled 8x8 digits as NHWC images.
+  * `sorting`: `SortingTask`, sort a list of numbers (one token per number; N-MARS).
+  * `multihop`: `MultiHopTask`, k-hop fact verification over a generated knowledge
+    base with distractor evidence and its `WordTokenizer` (SCM-GRPO).
+  * `moving_shapes`: `moving_shapes` videos and `patchify` / `unpatchify` (QVG).
 
 Every generator is numpy-only and deterministic given its seeds.
 """
@@ -18,6 +22,9 @@ from experiments.tasks.arithmetic import ArithmeticTask
 from experiments.tasks.associative_recall import AssociativeRecallTask
 from experiments.tasks.countdown import CountdownProblem, CountdownTask
 from experiments.tasks.digits import load_digits
+from experiments.tasks.moving_shapes import moving_shapes, patchify, unpatchify
+from experiments.tasks.multihop import MultiHopTask, WordTokenizer
+from experiments.tasks.sorting import SortingTask
 from experiments.tasks.tokenizer import CharTokenizer, lm_batch, prompt_batch
 
 __all__ = [
@@ -26,7 +33,13 @@ __all__ = [
     "CharTokenizer",
     "CountdownProblem",
     "CountdownTask",
+    "MultiHopTask",
+    "SortingTask",
+    "WordTokenizer",
     "lm_batch",
     "load_digits",
+    "moving_shapes",
+    "patchify",
     "prompt_batch",
+    "unpatchify",
 ]
