@@ -47,9 +47,7 @@ one seed, 7 RL arms; differences of a few points in pass@k are within seed noise
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
-from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -58,10 +56,10 @@ import optax
 from flax import nnx
 
 from algorithms import training
-from algorithms.decoding import generate
 from algorithms.rl import differential_smoothing as ds
 from algorithms.rl import grpo
 from experiments import registry, report
+from experiments._measure import complete_prompts
 from experiments.tasks import CountdownTask, lm_batch, prompt_batch
 from experiments.tasks import countdown as countdown_lib
 from models import Transformer, TransformerConfig
@@ -276,17 +274,10 @@ def evaluate(graphdef, params, task: CountdownTask, problems, *, num_samples: in
     model = nnx.merge(graphdef, params)
     prompts = [task.prompt(p) for p in problems for _ in range(num_samples)]
     owners = [i for i in range(len(problems)) for _ in range(num_samples)]
-    texts = []
-    for start in range(0, len(prompts), chunk):
-        part = prompts[start:start + chunk]
-        part = part + [part[-1]] * (chunk - len(part))
-        b = prompt_batch(tok, part, seq_len=prompt_len)
-        out = generate(model, jnp.asarray(b["tokens"]), prompt_lengths=jnp.asarray(b["prompt_lengths"]),
-                       max_new_tokens=max_new_tokens, sampler=Sampler(temperature=temperature),
-                       key=jax.random.fold_in(key, start), stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
-        toks, lens = np.asarray(out.tokens), np.asarray(out.lengths)
-        texts += [tok.decode(toks[j, :lens[j]]) for j in range(len(part))]
-    texts = texts[:len(prompts)]
+    toks, lens = complete_prompts(model, tok, prompts, max_new_tokens=max_new_tokens,
+                                  sampler=Sampler(temperature=temperature), key=key, chunk=chunk,
+                                  prompt_len=prompt_len)
+    texts = [tok.decode(toks[j, :lens[j]]) for j in range(len(prompts))]
     correct = np.array([task.verify(problems[o], t) for o, t in zip(owners, texts)])
     per_c = correct.reshape(len(problems), num_samples).sum(1)
     distinct = [pl.count_distinct_correct(texts[i * num_samples:(i + 1) * num_samples],

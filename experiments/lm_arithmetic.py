@@ -22,15 +22,13 @@ import dataclasses
 import math
 import pathlib
 
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from algorithms import training
-from algorithms.decoding import generate
 from experiments import registry, report
-from experiments._measure import matmul_peak_flops, steady_throughput
-from experiments.tasks import ArithmeticTask, prompt_batch
+from experiments._measure import complete_prompts, matmul_peak_flops, steady_throughput
+from experiments.tasks import ArithmeticTask
 from models import Transformer, TransformerConfig
 
 
@@ -83,18 +81,8 @@ def exact_match(model: nnx.Module, task: ArithmeticTask, prompts: list[str], *, 
     """Greedy-decodes each prompt and returns a bool array of exact matches."""
     tok = task.tokenizer()
     max_answer = len(str(10 ** task.num_digits * 10 ** task.num_digits)) + 2
-    prompt_len = max(len(p) for p in prompts) + 1
-    correct = []
-    for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i:i + batch_size]
-        padded = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one compiled shape
-        batch = prompt_batch(tok, padded, seq_len=prompt_len)
-        out = generate(model, jnp.asarray(batch["tokens"]), prompt_lengths=jnp.asarray(batch["prompt_lengths"]),
-                       max_new_tokens=max_answer, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
-        tokens = np.asarray(out.tokens)
-        for j, p in enumerate(chunk):
-            correct.append(task.is_correct(p, tok.decode(tokens[j])))
-    return np.array(correct)
+    tokens, _ = complete_prompts(model, tok, prompts, max_new_tokens=max_answer, chunk=batch_size)
+    return np.array([task.is_correct(p, tok.decode(tokens[j])) for j, p in enumerate(prompts)])
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:

@@ -69,10 +69,10 @@ import optax
 from flax import nnx
 
 from algorithms import training
-from algorithms.decoding import generate
 from algorithms.rl import grpo
 from algorithms.rl import nmars
 from experiments import registry, report
+from experiments._measure import complete_prompts
 from experiments.tasks import ArithmeticTask, lm_batch, prompt_batch
 from experiments.tasks.sorting import SortingTask
 from models import Transformer, TransformerConfig
@@ -182,19 +182,10 @@ def evaluate(graphdef, params, task, prompts, answers, *, undo_id, sampler, key,
     """Decodes every prompt once with `sampler`; rendered exact match and <UNDO> metrics."""
     tok = task.tokenizer()
     model = nnx.merge(graphdef, params)
-    toks, lens = [], []
-    for start in range(0, len(prompts), chunk):
-        part = list(prompts[start:start + chunk])
-        n = len(part)
-        part = part + [part[-1]] * (chunk - n)
-        b = prompt_batch(tok, part, seq_len=prompt_len)
-        out = generate(model, jnp.asarray(b["tokens"]), prompt_lengths=jnp.asarray(b["prompt_lengths"]),
-                       max_new_tokens=max_new_tokens, sampler=sampler, key=jax.random.fold_in(key, start),
-                       stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
-        toks.append(np.asarray(out.tokens)[:n])
-        lens.append(np.asarray(out.lengths)[:n])
+    toks, lens = complete_prompts(model, tok, prompts, max_new_tokens=max_new_tokens, sampler=sampler, key=key,
+                                  chunk=chunk, prompt_len=prompt_len)
     refs = [tok.encode(a) for a in answers]
-    return nmars.undo_metrics(np.concatenate(toks), np.concatenate(lens), refs, undo_id=undo_id, eos_id=tok.eos_id)
+    return nmars.undo_metrics(toks, lens, refs, undo_id=undo_id, eos_id=tok.eos_id)
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:

@@ -173,11 +173,12 @@ class _Runner:
     """Shared jitted pieces for one trained model: the teacher-forced pass and a fixed-capacity step."""
 
     def __init__(self, c: Config, model: VideoTransformer):
-        self.c, self.model = c, model
+        self.c = c
         graphdef, params = nnx.split(model)
         self.n = (c.size // c.patch) ** 2
         self.capacity = (c.context_frames + c.gen_frames) * self.n
-        self.forward = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))
+        self.forward = jax.jit(lambda p, x, return_queries=False: nnx.merge(graphdef, p)(
+            x, return_queries=return_queries), static_argnames=("return_queries",))
         self._step = jax.jit(lambda p, x, f, hist, hl: nnx.merge(graphdef, p).step(x, f, hist, hl))
         self.params = params
 
@@ -261,17 +262,8 @@ def measure(runner: _Runner, videos: np.ndarray, quantizer: qvg.Quantizer, key, 
 
 def _teacher_forced(runner: _Runner, videos: np.ndarray):
     """Per layer (keys, values) [b, T, h, d] and queries of the full-precision pass over the clip."""
-    model = runner.model
-    x = model._tokens(jnp.asarray(videos), jnp.arange(videos.shape[1]))
-    frame = jnp.repeat(jnp.arange(videos.shape[1]), runner.n)
-    mask = (frame[:, None] >= frame[None, :])[None, None]
-    kvs, qs = [], []
-    for blk in model.blocks:
-        q, k, v = blk.qkv_heads(x)
-        kvs.append((k, v))
-        qs.append(q)
-        x = blk.finish(x, attn.attention(q, k, v, mask=mask))
-    return kvs, qs
+    _, kvs, queries = runner.forward(runner.params, jnp.asarray(videos), return_queries=True)
+    return kvs, queries
 
 
 def _at_bits(points: list[tuple[float, float]], bpe: float) -> float:

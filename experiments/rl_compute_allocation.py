@@ -46,7 +46,6 @@ import functools
 import pathlib
 
 import jax
-import jax.numpy as jnp
 import matplotlib
 import optax
 from flax import nnx
@@ -58,10 +57,10 @@ import scipy.stats  # noqa: E402
 import tqdm  # noqa: E402
 
 from algorithms import training  # noqa: E402
-from algorithms.decoding import generate  # noqa: E402
 from algorithms.rl import compute_allocation as ca  # noqa: E402
 from algorithms.rl import grpo  # noqa: E402
 from experiments import registry, report  # noqa: E402
+from experiments._measure import complete_prompts  # noqa: E402
 from experiments.tasks import ArithmeticTask, prompt_batch  # noqa: E402
 from models import Transformer, TransformerConfig  # noqa: E402
 from primitives import policy_losses as pl  # noqa: E402
@@ -214,18 +213,9 @@ def _sample_correct(graphdef, params, task, prompts, *, samples: int, key, chunk
     tok = task.tokenizer()
     model = nnx.merge(graphdef, params)
     flat = [p for p in prompts for _ in range(samples)]
-    prompt_len = max(len(p) for p in prompts) + 1
-    max_new = 2 * task.num_digits + 2
-    ok = []
-    for start in range(0, len(flat), chunk):
-        part = flat[start:start + chunk]
-        padded = part + [part[-1]] * (chunk - len(part))  # one compiled shape
-        b = prompt_batch(tok, padded, seq_len=prompt_len)
-        out = generate(model, jnp.asarray(b["tokens"]), prompt_lengths=jnp.asarray(b["prompt_lengths"]),
-                       max_new_tokens=max_new, sampler=Sampler(temperature=1.0), key=jax.random.fold_in(key, start),
-                       stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
-        toks, lens = np.asarray(out.tokens), np.asarray(out.lengths)
-        ok += [task.is_correct(p, tok.decode(toks[j, :lens[j]])) for j, p in enumerate(part)]
+    toks, lens = complete_prompts(model, tok, flat, max_new_tokens=2 * task.num_digits + 2,
+                                  sampler=Sampler(temperature=1.0), key=key, chunk=chunk)
+    ok = [task.is_correct(p, tok.decode(toks[j, :lens[j]])) for j, p in enumerate(flat)]
     return np.asarray(ok).reshape(len(prompts), samples).sum(1)
 
 

@@ -58,16 +58,15 @@ import dataclasses
 import pathlib
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
 from algorithms import training
-from algorithms.decoding import generate
 from algorithms.rl import grpo
 from algorithms.rl import scm_grpo as scm
 from experiments import registry, report
+from experiments._measure import complete_prompts
 from experiments.tasks import lm_batch, prompt_batch
 from experiments.tasks.multihop import MultiHopTask
 from models import Transformer, TransformerConfig
@@ -191,17 +190,10 @@ def evaluate(graphdef, params, task: MultiHopTask, problems_by_hop: dict, *, num
     tok = task.tokenizer()
     model = nnx.merge(graphdef, params)
     items = [(k, p) for k, ps in sorted(problems_by_hop.items()) for p in ps for _ in range(num_samples)]
-    texts: list[str] = []
-    for start in range(0, len(items), chunk):
-        part = [task.prompt(p) for _, p in items[start:start + chunk]]
-        n_real = len(part)
-        part = part + [part[-1]] * (chunk - n_real)  # one compiled shape
-        b = prompt_batch(tok, part, seq_len=prompt_len)
-        out = generate(model, jnp.asarray(b["tokens"]), prompt_lengths=jnp.asarray(b["prompt_lengths"]),
-                       max_new_tokens=max_new_tokens, sampler=Sampler(temperature=temperature),
-                       key=jax.random.fold_in(key, start), stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
-        toks, lens = np.asarray(out.tokens), np.asarray(out.lengths)
-        texts += [tok.decode(toks[j, :lens[j]]) for j in range(n_real)]
+    toks, lens = complete_prompts(model, tok, [task.prompt(p) for _, p in items], max_new_tokens=max_new_tokens,
+                                  sampler=Sampler(temperature=temperature), key=key, chunk=chunk,
+                                  prompt_len=prompt_len)
+    texts = [tok.decode(toks[j, :lens[j]]) for j in range(len(items))]
     records = []
     per: dict[int, dict[str, list]] = collections.defaultdict(lambda: collections.defaultdict(list))
     for (k, p), text in zip(items, texts):

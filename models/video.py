@@ -110,14 +110,16 @@ class VideoTransformer(nnx.Module):
         x = self.embed(patches) + self.space[...][None, None] + self.time[...][frame_ids][None, :, None]
         return x.reshape(b, f * n, -1)
 
-    def __call__(self, patches: jax.Array):
+    def __call__(self, patches: jax.Array, *, return_queries: bool = False):
         """Teacher-forced pass over whole clips.
 
         Args:
           patches: [b, F, n, P] frames as patch tokens.
+          return_queries: also return every layer's queries [b, F n, h, d].
 
         Returns:
-          (predictions [b, F, n, P] of frames 1..F, per layer (keys, values) [b, F n, h, d]).
+          (predictions [b, F, n, P] of frames 1..F, per layer (keys, values) [b, F n, h, d]), and the
+          per-layer queries with `return_queries`.
         """
         b, f, n, _ = patches.shape
         if f > self.cfg.max_frames or n != self.cfg.tokens_per_frame:
@@ -126,12 +128,14 @@ class VideoTransformer(nnx.Module):
         x = self._tokens(patches, jnp.arange(f))
         frame = jnp.repeat(jnp.arange(f), n)
         mask = (frame[:, None] >= frame[None, :])[None, None]  # block-causal [1, 1, T, T]
-        kvs = []
+        kvs, queries = [], []
         for blk in self.blocks:
             q, k, v = blk.qkv_heads(x)
             kvs.append((k, v))
+            queries.append(q)
             x = blk.finish(x, attn.attention(q, k, v, mask=mask))
-        return self.head(self.ln(x)).reshape(b, f, n, -1), kvs
+        pred = self.head(self.ln(x)).reshape(b, f, n, -1)
+        return (pred, kvs, queries) if return_queries else (pred, kvs)
 
     def step(self, patches: jax.Array, frame_index: int | jax.Array, history=None,
              history_length: int | jax.Array | None = None):

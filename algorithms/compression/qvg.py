@@ -93,9 +93,8 @@ class ChunkPolicy:
     window_chunks: int | None = None
 
     def __post_init__(self):
-        for name in ("quant_factor",):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        if self.quant_factor < 1:
+            raise ValueError(f"quant_factor must be >= 1; got {self.quant_factor}")
         for name in ("sink_chunks", "keep_recent_chunks"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
