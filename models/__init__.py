@@ -1,14 +1,15 @@
 """Flax NNX models composed from `primitives`.
 
 Public names:
-  TransformerConfig, Transformer, TransformerOutput: the decoder LM (models.transformer).
+  TransformerConfig, Transformer, TransformerOutput: the decoder LM (models.transformer);
+    SparseDecode: its sparse-attention decode step (Vegas drafting).
   KVCache, init_cache: its explicit KV cache (models.kv_cache).
   MoEFFN, dense_moe_reference: the mixture-of-experts FFN, registered as ffn_type "moe" (models.moe).
 """
 
 from models.kv_cache import KVCache, init_cache
-from models.transformer import Transformer, TransformerConfig, TransformerOutput, register_ffn
+from models.transformer import SparseDecode, Transformer, TransformerConfig, TransformerOutput, register_ffn
 from models.moe import MoEFFN, dense_moe_reference  # noqa: E402  (importing registers ffn_type "moe")
 
-__all__ = ["KVCache", "init_cache", "Transformer", "TransformerConfig", "TransformerOutput", "register_ffn",
-           "MoEFFN", "dense_moe_reference"]
+__all__ = ["KVCache", "init_cache", "Transformer", "TransformerConfig", "TransformerOutput", "SparseDecode",
+           "register_ffn", "MoEFFN", "dense_moe_reference"]

@@ -21,7 +21,15 @@ What the papers need from a model, all passed as arguments (no monkey-patching):
   * `return_intermediates=True`: the residual stream after the embedding and
     after every block [L+1, b, t, D], the per-head attention outputs
     [L, b, t, h, d] (after mask and delta), and each FFN's auxiliary outputs
-    (e.g. router logits of a mixture-of-experts FFN).
+    (e.g. router logits of a mixture-of-experts FFN);
+  * self-speculative decoding (Vegas), with a KV cache: `score_rows=(r, ...)`
+    routes the attention of a multi-token append through
+    `pallas_kernels.vegas.verify_attention` and returns per layer the raw scores
+    of those query rows over the cache [L, b, h, R, S] and every row's
+    logsumexp [L, b, h, t] (intermediates `attn_scores`, `attn_lse`);
+    `sparse_decode=SparseDecode(select, recent_start, max_recent)` makes a
+    one-token step attend only to the keys `select(layer, q, keys)` lists plus
+    the recent range, through `pallas_kernels.vegas.sparse_decode_attention`.
 
 The FFN is a pluggable slot: `TransformerConfig.ffn_type` names a factory in
 `FFN_TYPES` (`register_ffn` adds one). An FFN module maps [b, t, D] to
@@ -42,6 +50,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -53,6 +62,7 @@ from models.kv_cache import KVCache, init_cache, write_tokens
 from pallas_kernels import decode_attention as decode_kernel
 from pallas_kernels import ffd_decode as ffd_kernel
 from pallas_kernels import grouped_matmul as gmm_kernel
+from pallas_kernels import vegas as vegas_kernel
 from primitives import attention as attn_lib
 from primitives import ffd as ffd_lib
 
@@ -63,6 +73,7 @@ __all__ = [
     "TransformerConfig",
     "Transformer",
     "TransformerOutput",
+    "SparseDecode",
     "RMSNorm",
     "Attention",
     "GatedFFN",
@@ -299,6 +310,23 @@ def register_ffn(name: str, factory: Callable[..., nnx.Module]) -> None:
     FFN_TYPES[name] = factory
 
 
+class SparseDecode(NamedTuple):
+    """How a one-token decode step attends when drafting with sparse attention.
+
+    Attributes:
+      select: `(layer, q [b, h, d], keys [b, S, kh, d]) -> (indices [b, K] int32, valid [b, K] bool)`,
+        the listed keys of that layer (a drafter: precomputed Vegas / StreamingLLM sets ignore q;
+        Quest scores pages with it). Indices must be unique and below `recent_start`.
+      recent_start: [b] first key of the recent range; the step also attends to every key in
+        [recent_start, cache length including this token).
+      max_recent: static bound on the recent range's length.
+    """
+
+    select: Callable[[int, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+    recent_start: jax.Array
+    max_recent: int
+
+
 class Attention(nnx.Module):
     """GQA self-attention with RoPE, per-head masks/deltas and an optional KV cache."""
 
@@ -325,13 +353,19 @@ class Attention(nnx.Module):
         cache_lengths: jax.Array | None = None,
         head_mask: jax.Array | None = None,
         head_delta: jax.Array | None = None,
-    ) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """Returns (output [b, t, D], head outputs [b, t, h, d], updated (k, v) cache or None)."""
+        score_rows: tuple[int, ...] | None = None,
+        sparse_decode: tuple[Callable, jax.Array, int] | None = None,
+    ) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array] | None, dict[str, jax.Array]]:
+        """Returns (output [b, t, D], head outputs [b, t, h, d], updated (k, v) cache or None, extras).
+
+        `extras` holds `scores` [b, h, R, S] and `lse` [b, h, t] when `score_rows` is given (with a
+        cache); `sparse_decode` is (select bound to this layer, recent_start, max_recent).
+        """
         wq, wk, wv, wo = (w[...].astype(self.dtype) for w in (self.wq, self.wk, self.wv, self.wo))
         q = attn_lib.rope(jnp.einsum("btD,Dhd->bthd", x, wq), positions, base=self.rope_base)
         k = attn_lib.rope(jnp.einsum("btD,Dkd->btkd", x, wk), positions, base=self.rope_base)
         v = jnp.einsum("btD,Dkd->btkd", x, wv)
-        new_cache = None
+        new_cache, extras = None, {}
         if layer_cache is None:
             heads = attn_lib.attention(
                 q, k, v, causal=True, q_positions=positions, kv_positions=positions,
@@ -341,20 +375,27 @@ class Attention(nnx.Module):
             k_all = write_tokens(layer_cache[0], k, cache_lengths)
             v_all = write_tokens(layer_cache[1], v, cache_lengths)
             new_cache = (k_all, v_all)
-            if x.shape[1] == 1 and self.decode_mode != "dense":
-                heads = self._decode_step(q[:, 0], k_all.astype(self.dtype), v_all.astype(self.dtype),
-                                          cache_lengths + 1)[:, None]
+            k_all, v_all = k_all.astype(self.dtype), v_all.astype(self.dtype)
+            if score_rows is not None:
+                res = vegas_kernel.verify_attention(q, k_all, v_all, positions, rows=tuple(score_rows))
+                heads, extras = res.out, {"scores": res.scores, "lse": res.lse}
+            elif sparse_decode is not None:
+                select, recent_start, max_recent = sparse_decode
+                indices, valid = select(q[:, 0], k_all)
+                heads = vegas_kernel.sparse_decode_attention(
+                    q[:, 0], k_all, v_all, indices, valid, recent_start, cache_lengths + 1,
+                    max_recent=max_recent)[:, None]
+            elif x.shape[1] == 1 and self.decode_mode != "dense":
+                heads = self._decode_step(q[:, 0], k_all, v_all, cache_lengths + 1)[:, None]
             else:
                 # Entries past the valid length lie after every valid query's position,
                 # so the causal mask alone hides them.
-                heads = attn_lib.attention(q, k_all.astype(self.dtype), v_all.astype(self.dtype),
-                                           causal=True, q_positions=positions)
+                heads = attn_lib.attention(q, k_all, v_all, causal=True, q_positions=positions)
         if head_mask is not None:
             heads = heads * _per_head(head_mask).astype(heads.dtype)
         if head_delta is not None:
             heads = heads + _per_head_vector(head_delta).astype(heads.dtype)
-        return jnp.einsum("bthd,hdD->btD", heads, wo), heads, new_cache
-
+        return jnp.einsum("bthd,hdD->btD", heads, wo), heads, new_cache, extras
 
     def _decode_step(self, q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array) -> jax.Array:
         """One query per sequence over its cache, through the configured kernel dispatcher."""
@@ -397,11 +438,11 @@ class Block(nnx.Module):
         self.ffn = FFN_TYPES[config.ffn_type](config, rngs=rngs)
 
     def __call__(self, x, positions, *, router_bias=None, **attn_kwargs):
-        a, heads, new_cache = self.attn(self.attn_norm(x), positions, **attn_kwargs)
+        a, heads, new_cache, extras = self.attn(self.attn_norm(x), positions, **attn_kwargs)
         x = x + a
         ffn_kwargs = {} if router_bias is None else {"router_bias": router_bias}
         f, aux = self.ffn(self.ffn_norm(x), **ffn_kwargs)
-        return x + f, heads, new_cache, aux
+        return x + f, heads, new_cache, aux, extras
 
 
 class TransformerOutput(NamedTuple):
@@ -412,7 +453,9 @@ class TransformerOutput(NamedTuple):
       cache: the updated KVCache, or None when no cache was passed.
       aux_loss: scalar sum of the FFNs' `aux["loss"]` (0 for dense FFNs).
       intermediates: None, or a dict with `residuals` [L+1, b, t, D],
-        `head_outputs` [L, b, t, h, d] and `ffn_aux` (tuple of L dicts).
+        `head_outputs` [L, b, t, h, d] and `ffn_aux` (tuple of L dicts) when
+        `return_intermediates`, and `attn_scores` [L, b, h, R, S] and `attn_lse`
+        [L, b, h, t] when `score_rows` was given.
     """
 
     logits: jax.Array
@@ -462,6 +505,8 @@ class Transformer(nnx.Module):
         residual_deltas: jax.Array | None = None,
         router_biases: jax.Array | None = None,
         return_intermediates: bool = False,
+        score_rows: tuple[int, ...] | None = None,
+        sparse_decode: SparseDecode | None = None,
     ) -> TransformerOutput:
         """Runs the LM on `tokens` [b, t].
 
@@ -482,6 +527,11 @@ class Transformer(nnx.Module):
             MoE FFN (ignored by dense FFNs); None or zeros leave the logits unchanged.
           return_intermediates: also return residual streams, head outputs and
             FFN auxiliaries.
+          score_rows: with a cache, query rows (in [0, t)) whose raw attention
+            scores over the cache each layer returns, with every row's lse
+            (the Vegas verification pass).
+          sparse_decode: with a cache and t == 1, attend only to the drafter's
+            keys plus the recent range (a Vegas / StreamingLLM / Quest draft step).
 
         Returns:
           TransformerOutput.
@@ -510,13 +560,23 @@ class Transformer(nnx.Module):
                 positions = cache.lengths[:, None] + jnp.arange(t)[None, :]
         elif positions is None:
             positions = jnp.broadcast_to(jnp.arange(t)[None, :], (b, t))
+        if (score_rows is not None or sparse_decode is not None) and cache is None:
+            raise ValueError("score_rows and sparse_decode need a KV cache")
+        if score_rows is not None and sparse_decode is not None:
+            raise ValueError("pass score_rows (verification) or sparse_decode (drafting), not both")
+        if sparse_decode is not None and t != 1:
+            raise ValueError(f"sparse_decode is for one-token steps; got t={t}")
 
         x = jnp.take(self.embed[...], tokens, axis=0).astype(c.compute_dtype)
         residuals, head_outputs, ffn_aux = [x], [], []
-        new_keys, new_values = [], []
+        new_keys, new_values, attn_scores, attn_lse = [], [], [], []
         aux_loss = jnp.zeros((), jnp.float32)
         for l, layer in enumerate(self.layers):
-            x, heads, new_kv, aux = layer(
+            sparse = None
+            if sparse_decode is not None:
+                sparse = (functools.partial(sparse_decode.select, l), sparse_decode.recent_start,
+                          int(sparse_decode.max_recent))
+            x, heads, new_kv, aux, extras = layer(
                 x, positions,
                 segment_ids=segment_ids,
                 layer_cache=None if cache is None else (cache.keys[l], cache.values[l]),
@@ -524,7 +584,12 @@ class Transformer(nnx.Module):
                 head_mask=None if head_mask is None else head_mask[l],
                 head_delta=None if head_deltas is None else head_deltas[l],
                 router_bias=None if router_biases is None else router_biases[l],
+                score_rows=score_rows,
+                sparse_decode=sparse,
             )
+            if score_rows is not None:
+                attn_scores.append(extras["scores"])
+                attn_lse.append(extras["lse"])
             if residual_deltas is not None:
                 x = x + _residual_delta(residual_deltas[l]).astype(x.dtype)
             if "loss" in aux:
@@ -555,6 +620,9 @@ class Transformer(nnx.Module):
                 "head_outputs": jnp.stack(head_outputs),
                 "ffn_aux": tuple(ffn_aux),
             }
+        if score_rows is not None:
+            intermediates = dict(intermediates or {}, attn_scores=jnp.stack(attn_scores),
+                                 attn_lse=jnp.stack(attn_lse))
         return TransformerOutput(logits, new_cache, aux_loss, intermediates)
 
     def _check_hooks(self, b, t, head_mask, head_deltas, residual_deltas):

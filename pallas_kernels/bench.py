@@ -16,6 +16,10 @@ decodes measured in the same run: the library's reference ``decode_attention`` o
 ``[b, s, k, d]`` cache, and a head-major einsum (the fastest dense XLA decode we have).
 Timings interleave the contenders and report medians, so a busy machine slows all of them alike.
 
+For Vegas (``pallas_kernels.vegas``): verification attention with two score rows over a 4k cache, and
+sparse decode at S=16384 over K = 5% listed keys plus a 128-key recent window, with the gathered XLA
+path's wall-time and modeled-bytes ratios against the dense masked reference, same inputs and run.
+
 For the MoE FFN (``models.moe.MoEFFN``, top-2 of E=8 and E=32 SwiGLU experts, 2048 tokens, D=256,
 f=512): the forward through the grouped matmul (``"xla"``, i.e. ``jax.lax.ragged_dot``, and the
 ``"xla_tiled"`` per-group padded batched matmul) against every expert on every token combined with the
@@ -47,6 +51,7 @@ from pallas_kernels.ffd_decode import ffd_cost
 from pallas_kernels.ffd_decode import ffd_decode as ffd_kernel
 from pallas_kernels import kv_quant
 from pallas_kernels import qvg as qvg_kernels
+from pallas_kernels import vegas as vegas_kernels
 from pallas_kernels.flash_attention import api as flash_api
 from pallas_kernels.flash_attention.cost import flash_cost
 from pallas_kernels.grouped_matmul import cost as gmm_cost_lib
@@ -115,7 +120,50 @@ def bench_ops(repeats: int) -> list[dict]:
         batch=b, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d, kv_itemsize=4), sec))
     rows.extend(_bench_kv_quant(q, kk, vv, lengths, repeats))
     rows.extend(_bench_qvg(repeats))
+    rows.extend(_bench_vegas(repeats))
     return rows
+
+
+def _bench_vegas(repeats: int) -> list[dict]:
+    """Vegas verify attention (XLA path) and sparse decode: gathered XLA path vs the dense masked reference."""
+    k = jax.random.split(jax.random.key(2), 6)
+    b, t, h, kh, d, s = 1, 5, 32, 8, 128, 4096  # gamma = 4 draft tokens + 1, score rows (0, t - 1)
+    q, kk, vv = _normal(k[0], (b, t, h, d)), _normal(k[1], (b, s, kh, d)), _normal(k[2], (b, s, kh, d))
+    pos = jnp.broadcast_to(jnp.arange(s - t, s, dtype=jnp.int32), (b, t))
+    f = jax.jit(lambda q, k, v, p: vegas_kernels.verify_attention(q, k, v, p, rows=(0, t - 1), implementation="xla"))
+    sec = _timed({"x": lambda: f(q, kk, vv, pos)}, repeats)["x"]
+    rows = [_row("vegas verify", f"b{b} t{t} s{s} h{h}/{kh} d{d} R2", vegas_kernels.verify_cost(
+        batch=b, q_len=t, num_heads=h, num_kv_heads=kh, kv_len=s, head_dim=d, score_rows=2, kv_itemsize=4), sec)]
+    s, w = 16384, 128
+    n_idx = s * 5 // 100
+    qd, kk, vv = _normal(k[3], (b, h, d)), _normal(k[4], (b, s, kh, d)), _normal(k[5], (b, s, kh, d))
+    lengths = jnp.full((b,), s, jnp.int32)
+    start = lengths - w
+    idx = jax.random.permutation(k[0], s - w)[:n_idx][None].astype(jnp.int32)
+    valid = jnp.ones((b, n_idx), bool)
+    scale = 1.0 / math.sqrt(d)
+    sparse = jax.jit(lambda q, k, v: vegas_kernels.sparse_decode_attention(q, k, v, idx, valid, start, lengths,
+                                                                           max_recent=w, implementation="xla"))
+    dense = jax.jit(lambda q, k, v: vegas_kernels.sparse_decode_reference(q, k, v, idx, valid, start, lengths,
+                                                                          max_recent=w, scale=scale).out)
+    err = float(jnp.max(jnp.abs(sparse(qd, kk, vv) - dense(qd, kk, vv))))
+    times = _timed({"sparse": lambda: sparse(qd, kk, vv), "dense": lambda: dense(qd, kk, vv)}, repeats)
+    cost = vegas_kernels.sparse_decode_cost(batch=b, num_heads=h, num_kv_heads=kh, head_dim=d, num_indices=n_idx,
+                                            max_recent=w, kv_itemsize=4)
+    dense_cost = decode_cost(batch=b, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d, kv_itemsize=4)
+    shape = f"b{b} s{s} K{n_idx} W{w} h{h}/{kh} d{d}"
+    row = _row("vegas sparse (gather)", shape, cost, times["sparse"])
+    row.update({"dense_ms": times["dense"] * 1e3, "wall_ratio_vs_dense": times["sparse"] / times["dense"],
+                "bytes_ratio_vs_dense": cost.bytes_accessed / dense_cost.bytes_accessed, "max_abs_err": err})
+    return rows + [row, _row("vegas sparse dense ref", shape, dense_cost, times["dense"])]
+
+
+def _print_vegas(rows: list[dict]) -> None:
+    for r in rows:
+        if "wall_ratio_vs_dense" in r:
+            print(f"vegas sparse decode {r['shape']}: gathered XLA / dense reference wall {r['wall_ratio_vs_dense']:.3f} "
+                  f"({r['xla_ms']:.2f} / {r['dense_ms']:.2f} ms), modeled bytes {r['bytes_ratio_vs_dense']:.3f}, "
+                  f"max abs err {r['max_abs_err']:.1e}")
 
 
 def _qvg_problem(*, s=4096, kh=8, d=128, t=64, h=8, seed=1):
@@ -325,6 +373,7 @@ def main(argv=None) -> dict:
               "date": time.strftime("%Y-%m-%d")}
     result["ops"] = bench_ops(args.repeats)
     _print_rows(result["ops"])
+    _print_vegas(result["ops"])
     result["moe"] = bench_moe(repeats=args.repeats)
     _print_moe(result["moe"])
     result["ffd"] = bench_ffd([int(t) for t in args.tokens.split(",")], args.delta, args.repeats)

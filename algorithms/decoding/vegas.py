@@ -21,9 +21,25 @@ Baseline drafters at the same budget: StreamingLLM (``streaming_keep``: a sink p
 keys) and Quest (``page_bounds`` / ``quest_keep``: per-page min/max key bounds scored against the
 current query). Acceptance rules are ``primitives.speculative``.
 
-Status: this module holds the selection math and the drafting masks with their tests. The
-self-speculative decoding loop over the decoder LM, the verification / sparse-decode kernels and the
-``vegas`` experiment are not built yet (issue 4).
+The decoding loop (``speculative_generate``) runs on any decoder LM with the `models.Transformer`
+hooks ``score_rows=`` (verification through `pallas_kernels.vegas.verify_attention`) and
+``sparse_decode=`` (draft steps through `pallas_kernels.vegas.sparse_decode_attention`). Every
+drafter is one object with two methods, so the baselines share the loop:
+
+  * ``refresh(info) -> selection``: after each verification (``VerifyInfo``: score rows, lse,
+    accepted counts, ``valid_len``, ``seqlen``, budget, the cache);
+  * ``select(selection, layer, q, keys) -> (indices [b, K], valid [b, K])``: the keys a draft step of
+    that layer reads besides the recent range.
+
+``VegasDrafter`` (top-k of the verification importance), ``StreamingDrafter`` (sink + window),
+``QuestDrafter`` (pages by min/max bounds against each draft step's own query) and
+``RandomDrafter`` (a uniform random subset; a losslessness check) are provided; plain
+autoregressive decoding is ``algorithms.decoding.generate``. One call is one ``jax.jit`` with a
+``lax.while_loop`` over iterations. Decoding starts by prefilling all prompt tokens but the last,
+then a verification of that token alone (``q_len = 1``: its single score row gives the first
+selection), so every row of a batch may have its own prompt length. Greedy output equals plain
+greedy decoding for any drafter, budget and gamma (tested); sampling uses speculative rejection
+sampling, whose output distribution is the target's.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -44,13 +60,24 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.kv_cache import KVCache
+from models.transformer import SparseDecode
+from primitives import speculative as spec
+from primitives.sampling import Sampler
 
 __all__ = ["key_importance", "sparse_budget", "select_keys", "draft_key_mask", "streaming_keep", "page_bounds",
-           "quest_keep", "score_rows"]
+           "quest_keep", "score_rows", "Budget", "VerifyInfo", "VegasDrafter", "StreamingDrafter", "QuestDrafter",
+           "RandomDrafter", "SpeculativeOutput", "speculative_generate", "DRAFTERS"]
 
 SCORE_MODES = ("weight", "logit")
 SCORE_ROWS = ("first_last", "all", "last_accepted")
@@ -211,3 +238,378 @@ def quest_keep(q: jax.Array, lo: jax.Array, hi: jax.Array, valid_len: int | jax.
     keep_page = (rank < pages) & jnp.isfinite(score)
     pos = jnp.arange(capacity)
     return keep_page[jnp.minimum(pos // page_size, p - 1)] & (pos < valid_len)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Drafters and the self-speculative decoding loop.
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """The KV budget shared by every drafter: ``clamp(ceil(ratio * seqlen), min_tokens, max_tokens)``.
+
+    Attributes:
+      ratio: fraction of the sequence length, in (0, 1].
+      min_tokens: floor (the official default is 256; small models use less).
+      max_tokens: cap (None = no cap).
+    """
+
+    ratio: float = 0.05
+    min_tokens: int = 256
+    max_tokens: int | None = None
+
+    def __post_init__(self):
+        if not 0 < self.ratio <= 1:
+            raise ValueError(f"Budget.ratio must be in (0, 1]; got {self.ratio}")
+        if self.min_tokens < 0:
+            raise ValueError(f"Budget.min_tokens must be >= 0; got {self.min_tokens}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"Budget.max_tokens must be >= 1 or None; got {self.max_tokens}")
+
+    def __call__(self, seqlen: jax.Array, valid_len: jax.Array) -> jax.Array:
+        return sparse_budget(seqlen, valid_len, ratio=self.ratio, min_tokens=self.min_tokens,
+                             max_tokens=self.max_tokens)
+
+    def max_keys(self, capacity: int) -> int:
+        """Static bound K on the budget for a cache of ``capacity`` keys."""
+        k = max(math.ceil(self.ratio * capacity), self.min_tokens)
+        if self.max_tokens is not None:
+            k = min(k, max(self.max_tokens, self.min_tokens))
+        return max(1, min(k, capacity))
+
+
+class VerifyInfo(NamedTuple):
+    """What a drafter's ``refresh`` sees after a verification pass.
+
+    Attributes:
+      scores: [L, b, h, R, S] raw scores of the verification rows the drafter asked for.
+      lse: [L, b, h, R] their logsumexp.
+      rows: the static rows (indices into the verification block) of ``scores``.
+      accepted: [b] drafts accepted in this verification (0 for the first, draft-free one).
+      valid_len: [b] keys visible to the first verification row (selection range).
+      seqlen: [b] keys in the cache including all verification tokens (the budget's base).
+      budget: [b] keys to select.
+      cache: the cache after the verification (before rollback; entries >= valid_len + accepted + 1 are stale).
+    """
+
+    scores: jax.Array
+    lse: jax.Array
+    rows: tuple[int, ...]
+    accepted: jax.Array
+    valid_len: jax.Array
+    seqlen: jax.Array
+    budget: jax.Array
+    cache: KVCache
+
+
+@dataclasses.dataclass(frozen=True)
+class VegasDrafter:
+    """Vegas: one top-k set per layer from the verification's score rows.
+
+    Attributes:
+      budget: the KV budget.
+      score_mode: "weight" (mean softmax weight, the default) or "logit" (mean raw score).
+      rows: "first_last" (default), "all" (every verification row) or "last_accepted" (the row of the
+        last accepted token), the ablation of the paper's Insight 1.
+    """
+
+    budget: Budget = Budget()
+    score_mode: str = "weight"
+    rows: str = "first_last"
+
+    def __post_init__(self):
+        if self.score_mode not in SCORE_MODES:
+            raise ValueError(f"score_mode must be one of {SCORE_MODES}; got {self.score_mode!r}")
+        if self.rows not in SCORE_ROWS:
+            raise ValueError(f"rows must be one of {SCORE_ROWS}; got {self.rows!r}")
+
+    def verify_rows(self, q_len: int) -> tuple[int, ...]:
+        """Rows the verification pass must return: the chosen ones (all of them for "last_accepted")."""
+        return tuple(range(q_len)) if self.rows in ("all", "last_accepted") else score_rows(q_len, self.rows)
+
+    def refresh(self, info: VerifyInfo, *, scale: float):
+        scores, lse = info.scores, info.lse
+        if self.rows == "last_accepted" and len(info.rows) > 1:
+            row = info.accepted[None, :, None, None]  # row a holds the last accepted token
+            scores = jnp.take_along_axis(scores, row[..., None], axis=3)
+            lse = jnp.take_along_axis(lse, row, axis=3)
+        m = key_importance(scores, lse, scale=scale, mode=self.score_mode)  # [L, b, S]
+        k = self.budget.max_keys(m.shape[-1])
+        idx, ok = select_keys(m, info.valid_len[None, :, None], info.budget[None, :, None], max_budget=k)
+        return idx, ok
+
+    def select(self, selection, layer: int, q: jax.Array, keys: jax.Array):
+        del q, keys
+        idx, ok = selection
+        return idx[layer], ok[layer]
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamingDrafter:
+    """StreamingLLM: the first ``sink`` keys plus the most recent ``budget - sink`` before valid_len."""
+
+    budget: Budget = Budget()
+    sink: int = 4
+
+    def __post_init__(self):
+        if self.sink < 0:
+            raise ValueError(f"sink must be >= 0; got {self.sink}")
+
+    def verify_rows(self, q_len: int) -> tuple[int, ...]:
+        return (0,)
+
+    def refresh(self, info: VerifyInfo, *, scale: float):
+        del scale
+        k = self.budget.max_keys(info.cache.capacity)
+        i = jnp.arange(k)[None, :]
+        budget = jnp.minimum(info.budget, info.valid_len)[:, None]
+        s = jnp.minimum(self.sink, budget)
+        idx = jnp.where(i < s, i, info.valid_len[:, None] - budget + i)  # sink, then the window
+        return idx.astype(jnp.int32), i < budget
+
+    def select(self, selection, layer: int, q: jax.Array, keys: jax.Array):
+        del layer, q, keys
+        return selection
+
+
+@dataclasses.dataclass(frozen=True)
+class QuestDrafter:
+    """Quest: ``ceil(budget / page_size)`` pages ranked by ``sum_c max(q_c lo_c, q_c hi_c)``.
+
+    The per-page key bounds are rebuilt after each verification (a serving system updates them
+    incrementally); each draft step scores the pages with its own query, per layer, and a page is
+    kept for all heads of the layer when any query head ranks it high (its score is the max over heads).
+    """
+
+    budget: Budget = Budget()
+    page_size: int = 16
+
+    def __post_init__(self):
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1; got {self.page_size}")
+
+    def verify_rows(self, q_len: int) -> tuple[int, ...]:
+        return (0,)
+
+    def refresh(self, info: VerifyInfo, *, scale: float):
+        del scale
+        bounds = jax.vmap(jax.vmap(functools.partial(page_bounds, page_size=self.page_size)))
+        keys = jnp.stack(info.cache.keys)  # [L, b, S, kh, d]
+        lo, hi = bounds(keys, jnp.broadcast_to(info.valid_len, keys.shape[:2]))
+        return lo, hi, info.valid_len, info.budget
+
+    def select(self, selection, layer: int, q: jax.Array, keys: jax.Array):
+        lo, hi, valid_len, budget = selection
+        lo, hi = lo[layer], hi[layer]  # [b, P, kh, d]
+        b, num_pages, kh, d = lo.shape
+        capacity = keys.shape[1]
+        qg = q.astype(jnp.float32).reshape(b, kh, -1, d)
+        bound = jnp.maximum(qg[:, None] * lo[:, :, :, None], qg[:, None] * hi[:, :, :, None]).sum(-1)
+        score = jnp.where(jnp.isfinite(bound), bound, -jnp.inf).max(axis=(2, 3))  # [b, P]
+        max_pages = min(num_pages, -(-self.budget.max_keys(capacity) // self.page_size))
+        _, pages = jax.lax.top_k(score, max_pages)  # [b, Kp]
+        n_pages = jnp.minimum(-(-budget // self.page_size), max_pages)[:, None]
+        idx = (pages[:, :, None] * self.page_size + jnp.arange(self.page_size)).reshape(b, -1)
+        ok = jnp.repeat(jnp.arange(max_pages)[None, :] < n_pages, self.page_size, axis=1)
+        ok = ok & (idx < valid_len[:, None])
+        return idx.astype(jnp.int32), ok
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomDrafter:
+    """A uniform random subset of ``budget`` keys per layer (drawn from ``seed`` and the step)."""
+
+    budget: Budget = Budget()
+    seed: int = 0
+
+    def verify_rows(self, q_len: int) -> tuple[int, ...]:
+        return (0,)
+
+    def refresh(self, info: VerifyInfo, *, scale: float):
+        noise = jax.random.uniform(jax.random.fold_in(jax.random.key(self.seed), info.seqlen[0]),
+                                   info.scores.shape[:2] + (info.cache.capacity,))
+        k = self.budget.max_keys(info.cache.capacity)
+        return select_keys(noise, info.valid_len[None, :, None], info.budget[None, :, None], max_budget=k)
+
+    select = VegasDrafter.select
+
+
+DRAFTERS = {"vegas": VegasDrafter, "streaming": StreamingDrafter, "quest": QuestDrafter, "random": RandomDrafter}
+
+
+class SpeculativeOutput(NamedTuple):
+    """What ``speculative_generate`` returns.
+
+    Attributes:
+      tokens: [b, N] generated tokens.
+      iterations: [b] draft-and-verify iterations each row ran until it had N tokens.
+      emitted: [b] tokens emitted by those iterations (N - 1 plus any overshoot; the first token comes
+        from the draft-free verification of the last prompt token).
+      accepted_at: [b, gamma] how many iterations accepted draft position i (acceptance at position i
+        = accepted_at[:, i] / iterations).
+      kv_read: [b] cache entries read per layer over all iterations (drafts: listed + recent keys;
+        verification: the whole visible cache once), the bandwidth proxy.
+      draft_keys: [b] cache entries read per layer by the draft steps alone.
+    """
+
+    tokens: jax.Array
+    iterations: jax.Array
+    emitted: jax.Array
+    accepted_at: jax.Array
+    kv_read: jax.Array
+    draft_keys: jax.Array
+
+
+def speculative_generate(model: nnx.Module, prompts: jax.Array, *, max_new_tokens: int, drafter: Any,
+                         gamma: int = 4, prompt_lengths: jax.Array | None = None,
+                         sampler: Sampler = Sampler(), key: jax.Array | None = None) -> SpeculativeOutput:
+    """Self-speculative decoding: gamma sparse-attention drafts, then one full-attention verification.
+
+    Args:
+      model: a `models.Transformer` (any decoder LM with its ``score_rows=`` / ``sparse_decode=`` hooks).
+      prompts: [b, P] right-padded prompts.
+      max_new_tokens: N >= 1.
+      drafter: a ``VegasDrafter``, ``StreamingDrafter``, ``QuestDrafter`` or ``RandomDrafter`` (any
+        object with ``verify_rows``, ``refresh`` and ``select``).
+      gamma: draft tokens per iteration (>= 1).
+      prompt_lengths: [b] real prompt lengths (>= 1); default P.
+      sampler: the target sampler (greedy by default); drafts use the same sampler on the draft
+        logits and are verified by speculative rejection sampling (temperature, top-k and top-p are
+        all honored because both distributions come from ``sampler.filtered_logits``).
+      key: PRNG key (required unless greedy).
+
+    Returns:
+      SpeculativeOutput.
+    """
+    prompts = jnp.asarray(prompts)
+    if prompts.ndim != 2:
+        raise ValueError(f"prompts must be [b, P]; got shape {prompts.shape}")
+    b, p = prompts.shape
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
+    if gamma < 1:
+        raise ValueError(f"gamma must be >= 1; got {gamma}")
+    for name in ("verify_rows", "refresh", "select"):
+        if not hasattr(drafter, name):
+            raise ValueError(f"drafter must define {name}(); got {type(drafter).__name__}")
+    lengths = jnp.full((b,), p, jnp.int32) if prompt_lengths is None else jnp.asarray(prompt_lengths, jnp.int32)
+    if lengths.shape != (b,):
+        raise ValueError(f"prompt_lengths must have shape [b]=({b},); got {lengths.shape}")
+    if not isinstance(lengths, jax.core.Tracer):
+        ln = np.asarray(lengths)
+        if ln.min() < 1 or ln.max() > p:
+            raise ValueError(f"prompt_lengths must lie in [1, P={p}]; got {ln.tolist()}")
+    if key is None:
+        if not sampler.is_greedy:
+            raise ValueError("a PRNG key is required for a non-greedy sampler; pass key=")
+        key = jax.random.key(0)
+    graphdef, state = nnx.split(model)
+    return _speculative(graphdef, state, prompts, lengths, key, max_new_tokens=max_new_tokens, drafter=drafter,
+                        gamma=gamma, sampler=sampler)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "drafter", "gamma", "sampler"))
+def _speculative(graphdef, state, prompts, prompt_lengths, key, *, max_new_tokens, drafter, gamma, sampler):
+    model = nnx.merge(graphdef, state)
+    b, p = prompts.shape
+    n, g = max_new_tokens, gamma
+    scale = 1.0 / math.sqrt(model.config.resolved_head_dim)
+    capacity = p + n + 2 * g + 2
+    rows_b = jnp.arange(b)
+    greedy = sampler.is_greedy
+
+    def probs(logits):
+        return jax.nn.softmax(sampler.filtered_logits(logits), axis=-1)
+
+    def pick(logits, key):
+        if greedy:
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return jax.random.categorical(key, sampler.filtered_logits(logits), axis=-1).astype(jnp.int32)
+
+    def refresh(out, accepted, valid_len, seqlen, rows):
+        inter = out.intermediates
+        lse = jnp.take(inter["attn_lse"], jnp.asarray(rows), axis=-1)  # [L, b, h, R]
+        budget = drafter.budget(seqlen, valid_len)
+        info = VerifyInfo(inter["attn_scores"], lse, rows, accepted, valid_len, seqlen, budget, out.cache)
+        return drafter.refresh(info, scale=scale)
+
+    # Prefill all prompt tokens but the last, then verify that last token alone (q_len = 1).
+    cache = model.init_cache(b, capacity)
+    cache = model(prompts, cache=cache, num_valid=prompt_lengths - 1).cache
+    last = prompts[rows_b, prompt_lengths - 1]
+    rows0 = drafter.verify_rows(1)
+    out = model(last[:, None], cache=cache, score_rows=rows0)
+    key, sub = jax.random.split(key)
+    tok = pick(out.logits[:, 0], sub)
+    selection = refresh(out, jnp.zeros((b,), jnp.int32), prompt_lengths, prompt_lengths, rows0)
+    tokens = jnp.zeros((b, n + g + 1), jnp.int32).at[:, 0].set(tok)
+    zeros = jnp.zeros((b,), jnp.int32)
+    carry = dict(cache=out.cache, tok=tok, selection=selection, valid_len=prompt_lengths, tokens=tokens,
+                 count=jnp.ones((b,), jnp.int32), iterations=zeros, accepted_at=jnp.zeros((b, g), jnp.int32),
+                 kv_read=prompt_lengths.astype(jnp.float32), draft_keys=jnp.zeros((b,), jnp.float32), key=key)
+    rows_v = drafter.verify_rows(g + 1)
+
+    def cond(c):
+        return jnp.any(c["count"] < n)
+
+    def body(c):
+        cache, active = c["cache"], c["count"] < n
+        committed = cache.lengths  # keys in the cache; the pending token `tok` goes at this position
+        key, k_draft, k_accept = jax.random.split(c["key"], 3)
+        sparse = SparseDecode(functools.partial(drafter.select, c["selection"]), c["valid_len"], 2 * g)
+
+        def draft_step(carry, k):
+            dcache, t = carry
+            o = model(t[:, None], cache=dcache, sparse_decode=sparse)
+            logits = o.logits[:, 0]
+            nxt = pick(logits, k)
+            return (o.cache, nxt), (nxt, logits)
+
+        (_, _), (drafts, dlogits) = jax.lax.scan(draft_step, (cache, c["tok"]), jax.random.split(k_draft, g))
+        drafts, dlogits = drafts.T, jnp.swapaxes(dlogits, 0, 1)  # [b, g], [b, g, v]
+        # Keys each draft step read (per layer): the listed ones plus the recent range.
+        listed = _listed_count(drafter, c["selection"], model, cache)
+        recent = (committed + 1 - c["valid_len"])[:, None] + jnp.arange(g)[None, :]
+        draft_reads = (listed[:, None] + recent).sum(-1).astype(jnp.float32)
+
+        block = jnp.concatenate([c["tok"][:, None], drafts], axis=1)  # [b, g + 1]
+        out = model(block, cache=cache, score_rows=rows_v)
+        target = out.logits  # [b, g + 1, v]
+        if greedy:
+            a, y = jax.vmap(spec.greedy_accept)(drafts, target)
+        else:
+            a, y = jax.vmap(spec.speculative_accept)(jax.random.split(k_accept, b), drafts, probs(dlogits),
+                                                     probs(target))
+        # Emit drafts[:a] then y at tokens[count:count + a + 1] (rows already done write nothing).
+        emit = jnp.concatenate([drafts, jnp.zeros((b, 1), jnp.int32)], axis=1)
+        emit = jnp.where(jnp.arange(g + 1)[None, :] == a[:, None], y[:, None], emit)
+        cols = c["count"][:, None] + jnp.arange(g + 1)[None, :]
+        keep = active[:, None] & (jnp.arange(g + 1)[None, :] <= a[:, None])
+        tokens = c["tokens"].at[rows_b[:, None], jnp.where(keep, cols, n + g + 1)].set(emit, mode="drop")
+        valid_len = committed + 1  # keys visible to the first verification row
+        selection = refresh(out, a, valid_len, committed + g + 1, rows_v)
+        new_cache = out.cache._replace(lengths=jnp.where(active, committed + 1 + a, committed))
+        act = active.astype(jnp.int32)
+        return dict(
+            cache=new_cache, tok=jnp.where(active, y, c["tok"]),
+            selection=selection,  # a finished row's selection is never used again
+            valid_len=jnp.where(active, valid_len, c["valid_len"]), tokens=tokens,
+            count=c["count"] + act * (a + 1), iterations=c["iterations"] + act,
+            accepted_at=c["accepted_at"] + act[:, None] * (jnp.arange(g)[None, :] < a[:, None]),
+            kv_read=c["kv_read"] + act * (draft_reads + committed + g + 1),
+            draft_keys=c["draft_keys"] + act * draft_reads, key=key)
+
+    c = jax.lax.while_loop(cond, body, carry)
+    return SpeculativeOutput(c["tokens"][:, :n], c["iterations"], c["count"] - 1, c["accepted_at"],
+                             c["kv_read"], c["draft_keys"])
+
+
+def _listed_count(drafter, selection, model, cache) -> jax.Array:
+    """[b] mean over layers of the listed keys a draft step reads (Quest: counted for its first query)."""
+    if isinstance(drafter, QuestDrafter):
+        lo, hi, valid_len, budget = selection
+        ps = drafter.page_size
+        pages = jnp.minimum(-(-budget // ps), lo.shape[2])
+        return jnp.minimum(pages * ps, valid_len) + 2 * (-(-valid_len // ps))  # + the bounds of every page
+    ok = selection[1]
+    return ok.sum(-1).mean(0) if ok.ndim == 3 else ok.sum(-1)
