@@ -39,6 +39,8 @@ __all__ = [
     "compiler_params",
     "is_power_of_two",
     "next_power_of_two",
+    "padded_rows",
+    "pad_axis",
     "lower_for",
     "quiet_triton_deprecation",
 ]
@@ -102,6 +104,22 @@ def is_power_of_two(n: int) -> bool:
 
 def next_power_of_two(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def padded_rows(rows: int, implementation: str) -> int:
+    """Padded row count of a `dot` operand: Triton needs a power of two >= 16, TPU a multiple of 8 (sublanes)."""
+    if implementation == "pallas_triton":
+        return max(16, next_power_of_two(rows))
+    return -(-rows // 8) * 8
+
+
+def pad_axis(a: jax.Array, axis: int, size: int, value=0) -> jax.Array:
+    """`a` padded with `value` at the end of `axis` up to `size` (unchanged when already that size)."""
+    if a.shape[axis] == size:
+        return a
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, size - a.shape[axis])
+    return jax.numpy.pad(a, widths, constant_values=value)
 
 
 @contextlib.contextmanager

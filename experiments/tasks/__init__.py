@@ -15,6 +15,8 @@
     base with distractor evidence and its `WordTokenizer` (SCM-GRPO).
   * `moving_shapes`: generated videos and `patchify` / `unpatchify` (QVG); import the
     module (`from experiments.tasks import moving_shapes as ms`).
+  * `record_recall`: `RecordRecallTask`, look a record up by its key and copy its value
+    span over long contexts (Vegas); import the module.
 
 Every generator is numpy-only and deterministic given its seeds.
 """

@@ -37,21 +37,6 @@ from primitives import residual_quantization as rq
 __all__ = ["kmeans_assign", "qvg_attention"]
 
 
-def _pad_axis(a: jax.Array, axis: int, size: int, value=0) -> jax.Array:
-    if a.shape[axis] == size:
-        return a
-    widths = [(0, 0)] * a.ndim
-    widths[axis] = (0, size - a.shape[axis])
-    return jnp.pad(a, widths, constant_values=value)
-
-
-def _centroid_pad(k: int, implementation: str) -> int:
-    """Padded centroid count: Triton's dot needs a power of two >= 16, TPU a multiple of 8."""
-    if implementation == "pallas_triton":
-        return max(16, _backend.next_power_of_two(k))
-    return -(-k // 8) * 8
-
-
 @functools.partial(jax.jit, static_argnames=("block_sizes", "implementation", "interpret"))
 def kmeans_assign(x: jax.Array, centroids: jax.Array, *, block_sizes: AssignBlockSizes | None = None,
                   implementation: str | None = None, interpret: bool | None = None) -> jax.Array:
@@ -79,9 +64,9 @@ def kmeans_assign(x: jax.Array, centroids: jax.Array, *, block_sizes: AssignBloc
     bs = block_sizes or AssignBlockSizes.default(points=s)
     bs.validate(impl)
     sp = max(1, -(-s // bs.block_s)) * bs.block_s
-    kp = _centroid_pad(k, impl)
-    xf = _pad_axis(x.reshape(g, s, d).astype(jnp.float32), 1, sp)
-    cf = _pad_axis(centroids.reshape(g, k, d).astype(jnp.float32), 1, kp)
+    kp = _backend.padded_rows(k, impl)
+    xf = _backend.pad_axis(x.reshape(g, s, d).astype(jnp.float32), 1, sp)
+    cf = _backend.pad_axis(centroids.reshape(g, k, d).astype(jnp.float32), 1, kp)
     cc = jnp.sum(cf * cf, axis=-1)[:, None, :]  # [g, 1, kp]
     cost = assign_cost(groups=g, points=s, centroids=k, dim=d)
     with _backend.quiet_triton_deprecation():
@@ -186,15 +171,15 @@ def qvg_attention(q: jax.Array, k: rq.QVGTensor, v: rq.QVGTensor, lengths: jax.A
     rp = max(16, _backend.next_power_of_two(rows)) if impl == "pallas_triton" else -(-rows // 8) * 8
     # Rows of one KV head: its g query heads times the t query tokens.
     qg = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, rows, d)
-    qg = _pad_axis(qg, 2, rp)
+    qg = _backend.pad_axis(qg, 2, rp)
     sp = max(1, -(-s // bs.block_k)) * bs.block_k
 
     arrays, specs = [], []
     for span in (k, v):
         n, kc = span.labels.shape[0], span.centroids.shape[-2]
-        kp = _centroid_pad(kc, impl)
-        labels = _pad_axis(span.labels, 3, sp)[..., None]  # [n, b, kh, sp, 1]
-        cents = _pad_axis(span.centroids, 3, kp)  # [n, b, kh, kp, d]
+        kp = _backend.padded_rows(kc, impl)
+        labels = _backend.pad_axis(span.labels, 3, sp)[..., None]  # [n, b, kh, sp, 1]
+        cents = _backend.pad_axis(span.centroids, 3, kp)  # [n, b, kh, kp, d]
         arrays += [labels, cents]
         specs += [pl.BlockSpec((n, None, None, sp, 1), lambda i, j: (0, i, j, 0, 0)),
                   pl.BlockSpec((n, None, None, kp, d), lambda i, j: (0, i, j, 0, 0))]
@@ -203,7 +188,7 @@ def qvg_attention(q: jax.Array, k: rq.QVGTensor, v: rq.QVGTensor, lengths: jax.A
             parts = [r.codes, r.scale.astype(jnp.float32)] + ([r.zero.astype(jnp.float32)]
                                                               if r.scheme == "asymmetric" else [])
             for a in parts:
-                arrays.append(_pad_axis(a, 2, sp))
+                arrays.append(_backend.pad_axis(a, 2, sp))
                 specs.append(pl.BlockSpec((None, None, sp, a.shape[-1]), lambda i, j: (i, j, 0, 0)))
     len_spec = (pl.BlockSpec(memory_space=pltpu.SMEM) if impl == "pallas_tpu"
                 else pl.BlockSpec((b,), lambda i, j: (0,)))

@@ -103,21 +103,6 @@ def verify_reference(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.
     return VerifyOutput(res.out, res.lse, jnp.where(visible, raw, -jnp.inf))
 
 
-def _pad_axis(a: jax.Array, axis: int, size: int, value=0) -> jax.Array:
-    if a.shape[axis] == size:
-        return a
-    widths = [(0, 0)] * a.ndim
-    widths[axis] = (0, size - a.shape[axis])
-    return jnp.pad(a, widths, constant_values=value)
-
-
-def _row_pad(rows: int, implementation: str) -> int:
-    """Padded query-row count: Triton's dot needs a power of two >= 16, TPU a multiple of 8 (sublanes)."""
-    if implementation == "pallas_triton":
-        return max(16, _backend.next_power_of_two(rows))
-    return -(-rows // 8) * 8
-
-
 def _heads_per_program(kv_heads: int, d: int, implementation: str) -> int:
     """KV heads per grid program: 1, except on TPU when the [keys, d] column block breaks the lane rule."""
     if implementation == "pallas_tpu" and d % 128 and kv_heads > 1:
@@ -162,20 +147,20 @@ def _verify_pallas(q, k, v, q_positions, *, rows, scale, bs, impl, interpret) ->
     s, kh = k.shape[1], k.shape[2]
     g, r = h // kh, len(rows)
     n_rows, n_srows = g * t, g * r
-    rp, srp = _row_pad(n_rows, impl), _row_pad(n_srows, impl)
+    rp, srp = _backend.padded_rows(n_rows, impl), _backend.padded_rows(n_srows, impl)
     hp = _heads_per_program(kh, d, impl)
     pos = q_positions.astype(jnp.int32)
     # Rows of one KV head, head-major: row gi * t + ti is query head kv * g + gi at token ti.
-    qg = _pad_axis(q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, n_rows, d), 2, rp)
-    qpos = _pad_axis(jnp.tile(pos, (1, g)), 1, rp, -1)[..., None]  # [b, rp, 1]; padding rows see nothing
+    qg = _backend.pad_axis(q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, n_rows, d), 2, rp)
+    qpos = _backend.pad_axis(jnp.tile(pos, (1, g)), 1, rp, -1)[..., None]  # [b, rp, 1]; padding rows see nothing
     # Score rows: row gi * R + ri is query head kv * g + gi at token rows[ri].
     qs = q[:, list(rows)].reshape(b, r, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, n_srows, d)
-    qs = _pad_axis(qs, 2, srp)
-    spos = _pad_axis(jnp.tile(pos[:, list(rows)], (1, g)), 1, srp, -1)[..., None]  # [b, Rp, 1]
+    qs = _backend.pad_axis(qs, 2, srp)
+    spos = _backend.pad_axis(jnp.tile(pos[:, list(rows)], (1, g)), 1, srp, -1)[..., None]  # [b, Rp, 1]
     n_keys = jnp.clip(jnp.max(pos, axis=1) + 1, 0, s)  # [b]: tiles past the last visible key are skipped
     split_len, sp = _split_layout(s, bs.block_k, bs.num_splits, impl)
-    kf = _pad_axis(k, 1, sp).reshape(b, sp, kh * d)  # padded keys are masked by position (>= S)
-    vf = _pad_axis(v, 1, sp).reshape(b, sp, kh * d)
+    kf = _backend.pad_axis(k, 1, sp).reshape(b, sp, kh * d)  # padded keys are masked by position (>= S)
+    vf = _backend.pad_axis(v, 1, sp).reshape(b, sp, kh * d)
 
     cost = verify_cost(batch=b, q_len=t, num_heads=h, num_kv_heads=kh, kv_len=s, head_dim=d, score_rows=r,
                        kv_itemsize=k.dtype.itemsize, q_itemsize=q.dtype.itemsize)
@@ -321,15 +306,15 @@ def _sparse_pallas(q, k, v, indices, valid, recent_start, lengths, *, max_recent
     b, h, d = q.shape
     kh = k.shape[2]
     g = h // kh
-    gp = _row_pad(g, impl)
+    gp = _backend.padded_rows(g, impl)
     hp = _heads_per_program(kh, d, impl)
     kg, vg, ok = _compact_rows(k, v, indices, valid, recent_start, lengths, max_recent=max_recent)
     n = kg.shape[1]
     split_len, np_ = _split_layout(n, bs.block_k, bs.num_splits, impl)
-    kf = _pad_axis(kg, 1, np_).reshape(b, np_, kh * d)
-    vf = _pad_axis(vg, 1, np_).reshape(b, np_, kh * d)
-    okp = _pad_axis(ok.astype(jnp.int32), 1, np_)  # padding rows are invalid
-    qg = _pad_axis(q.reshape(b, kh, g, d), 2, gp)
+    kf = _backend.pad_axis(kg, 1, np_).reshape(b, np_, kh * d)
+    vf = _backend.pad_axis(vg, 1, np_).reshape(b, np_, kh * d)
+    okp = _backend.pad_axis(ok.astype(jnp.int32), 1, np_)  # padding rows are invalid
+    qg = _backend.pad_axis(q.reshape(b, kh, g, d), 2, gp)
 
     cost = sparse_decode_cost(batch=b, num_heads=h, num_kv_heads=kh, head_dim=d, num_indices=indices.shape[1],
                               max_recent=max_recent, kv_itemsize=k.dtype.itemsize, q_itemsize=q.dtype.itemsize)
