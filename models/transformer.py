@@ -449,7 +449,7 @@ class TransformerOutput(NamedTuple):
     """Result of a forward pass.
 
     Attributes:
-      logits: [b, t, v] float32.
+      logits: [b, t, v] float32 ([b, r, v] when `logits_at` was given).
       cache: the updated KVCache, or None when no cache was passed.
       aux_loss: scalar sum of the FFNs' `aux["loss"]` (0 for dense FFNs).
       intermediates: None, or a dict with `residuals` [L+1, b, t, D],
@@ -507,6 +507,7 @@ class Transformer(nnx.Module):
         return_intermediates: bool = False,
         score_rows: tuple[int, ...] | None = None,
         sparse_decode: SparseDecode | None = None,
+        logits_at: jax.Array | None = None,
     ) -> TransformerOutput:
         """Runs the LM on `tokens` [b, t].
 
@@ -532,6 +533,10 @@ class Transformer(nnx.Module):
             (the Vegas verification pass).
           sparse_decode: with a cache and t == 1, attend only to the drafter's
             keys plus the recent range (a Vegas / StreamingLLM / Quest draft step).
+          logits_at: [b, r] int positions in [0, t) whose logits are computed
+            (e.g. the last prompt token of a prefill); the output logits are
+            then [b, r, v]. Default: every position. The unembedding of a long
+            prefill over a large vocabulary is then r/t of its full cost.
 
         Returns:
           TransformerOutput.
@@ -602,6 +607,11 @@ class Transformer(nnx.Module):
                 head_outputs.append(heads)
                 ffn_aux.append(aux)
 
+        if logits_at is not None:
+            logits_at = jnp.asarray(logits_at)
+            if logits_at.ndim != 2 or logits_at.shape[0] != b:
+                raise ValueError(f"logits_at must be [b={b}, r] positions; got shape {logits_at.shape}")
+            x = jnp.take_along_axis(x, logits_at.astype(jnp.int32)[:, :, None], axis=1)
         h = self.final_norm(x)
         if c.tie_embeddings:
             logits = jnp.einsum("btD,vD->btv", h, self.embed[...].astype(c.compute_dtype))

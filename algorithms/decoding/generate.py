@@ -4,11 +4,15 @@ Dimension legend: `b` batch, `P` padded prompt length, `N` max new tokens,
 `v` vocabulary.
 
 `generate` prefills a right-padded prompt block into a fresh KV cache (each row
-with its own prompt length), then runs a single `lax.while_loop` that decodes
+with its own prompt length; only the last prompt token of each row is unembedded),
+then runs a single `lax.while_loop` that decodes
 one token per sequence per iteration until every row has emitted a stop token or
 N tokens are out. The whole thing is one `jax.jit`: the model is split into a
 static graph definition and its state, so it compiles once per (model
-structure, shapes, sampler, stop tokens).
+structure, shapes, sampler, stop tokens). The model is rebuilt from that state
+inside each traced function (prefill, loop body), so a model that records
+`nnx.Intermediate` values during a decode step (e.g. FFD's kept fraction under
+`TransformerConfig(decode_attention="ffd")`) runs inside the loop.
 
 Greedy output equals re-running the full forward pass on the growing sequence
 and taking the argmax at every step (tested).
@@ -63,7 +67,7 @@ def generate(
 
     Args:
       model: a decoder LM with `init_cache(batch, capacity)` and
-        `__call__(tokens, *, cache, num_valid, **model_kwargs)` returning an
+        `__call__(tokens, *, cache, num_valid, logits_at, **model_kwargs)` returning an
         object with `.logits` and `.cache` (e.g. `models.Transformer`).
       prompts: [b, P] int right-padded prompt tokens.
       max_new_tokens: N >= 1.
@@ -110,7 +114,6 @@ def generate(
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "sampler", "stop_tokens", "pad_id"))
 def _generate(graphdef, state, prompts, prompt_lengths, key, model_kwargs, *,
               max_new_tokens, sampler, stop_tokens, pad_id):
-    model = nnx.merge(graphdef, state)
     b, p = prompts.shape
     n = max_new_tokens
     stop = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
@@ -125,9 +128,11 @@ def _generate(graphdef, state, prompts, prompt_lengths, key, model_kwargs, *,
         lp = jnp.take_along_axis(log_probs(logits), tok[:, None], axis=-1)[:, 0]
         return tok, lp
 
+    model = nnx.merge(graphdef, state)
     cache = model.init_cache(b, p + n)
-    out = model(prompts, cache=cache, num_valid=prompt_lengths, **model_kwargs)
-    last_logits = out.logits[jnp.arange(b), prompt_lengths - 1]
+    out = model(prompts, cache=cache, num_valid=prompt_lengths, logits_at=(prompt_lengths - 1)[:, None],
+                **model_kwargs)
+    last_logits = out.logits[:, 0]
     key, sub = jax.random.split(key)
     tok, lp = pick(last_logits, sub)
     stopped = jnp.isin(tok, stop)
@@ -141,7 +146,9 @@ def _generate(graphdef, state, prompts, prompt_lengths, key, model_kwargs, *,
 
     def body(carry):
         i, cache, prev, tokens, logprobs, stopped, lengths, key = carry
-        out = model(prev[:, None], cache=cache, **model_kwargs)
+        # A fresh module per trace: decode steps may `sow` intermediates (FFD's kept fraction), and a
+        # module built outside the loop cannot be mutated inside it.
+        out = nnx.merge(graphdef, state)(prev[:, None], cache=cache, **model_kwargs)
         key, sub = jax.random.split(key)
         tok, lp = pick(out.logits[:, 0], sub)
         active = jnp.logical_not(stopped)

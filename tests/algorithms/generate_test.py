@@ -84,3 +84,34 @@ def test_bad_arguments(model):
         generate(model, prompts, max_new_tokens=2, prompt_lengths=np.array([0, 3]))
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, prompts, max_new_tokens=0)
+
+
+def test_prefill_unembeds_only_the_last_prompt_token(model, full_logits):
+    """`logits_at` gathers before the unembedding; the rows equal the full pass's rows."""
+    _, state = nnx.split(model)
+    prompts = jnp.asarray(np.random.default_rng(2).integers(0, VOCAB, (3, 9)), jnp.int32)
+    last = jnp.array([[8], [0], [4]])
+    got = model(prompts, logits_at=last).logits
+    assert got.shape == (3, 1, VOCAB)
+    want = jnp.take_along_axis(full_logits(state, prompts), last[:, :, None], axis=1)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    with pytest.raises(ValueError, match="logits_at"):
+        model(prompts, logits_at=jnp.array([8, 0, 4]))
+
+
+@pytest.mark.parametrize("delta, equal", [(float("inf"), True), (0.0, False)])
+def test_generate_with_ffd_decode(delta, equal):
+    """FFD decode runs inside the compiled loop; keeping every page gives dense decoding's tokens."""
+    def lm(**kw):
+        cfg = TransformerConfig(vocab_size=VOCAB, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=48,
+                                head_dim=16, ffd_page_size=4, **kw)
+        return Transformer(cfg, rngs=nnx.Rngs(0))
+
+    prompts = jnp.asarray(np.random.default_rng(4).integers(0, VOCAB, (2, 13)), jnp.int32)
+    lengths = jnp.array([13, 10])
+    dense = generate(lm(), prompts, prompt_lengths=lengths, max_new_tokens=6)
+    ffd = generate(lm(decode_attention="ffd", ffd_delta=delta), prompts, prompt_lengths=lengths, max_new_tokens=6)
+    if equal:
+        np.testing.assert_array_equal(ffd.tokens, dense.tokens)
+    else:   # delta=0 drops every page below the reference maximum: this untrained model's tokens change
+        assert ffd.tokens.shape == dense.tokens.shape and not np.array_equal(ffd.tokens, dense.tokens)
