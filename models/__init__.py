@@ -5,11 +5,14 @@ Public names:
     SparseDecode: its sparse-attention decode step (Vegas drafting).
   KVCache, init_cache: its explicit KV cache (models.kv_cache).
   MoEFFN, dense_moe_reference: the mixture-of-experts FFN, registered as ffn_type "moe" (models.moe).
+  InductionSpec, induction_lm: a long-context test LM with hand-set weights that copies spans
+    exactly (models.induction; the Vegas and FFD workloads).
 """
 
 from models.kv_cache import KVCache, init_cache
 from models.transformer import SparseDecode, Transformer, TransformerConfig, TransformerOutput, register_ffn
 from models.moe import MoEFFN, dense_moe_reference  # noqa: E402  (importing registers ffn_type "moe")
+from models.induction import InductionSpec, induction_lm
 
 __all__ = ["KVCache", "init_cache", "Transformer", "TransformerConfig", "TransformerOutput", "SparseDecode",
-           "register_ffn", "MoEFFN", "dense_moe_reference"]
+           "register_ffn", "MoEFFN", "dense_moe_reference", "InductionSpec", "induction_lm"]

@@ -17,6 +17,8 @@
     module (`from experiments.tasks import moving_shapes as ms`).
   * `record_recall`: `RecordRecallTask`, look a record up by its key and copy its value
     span over long contexts (Vegas); import the module.
+  * `span_copy`: `SpanCopyTask`, distinct-token span copy (optionally laid out as records) for
+    the constructed induction LM `models.induction` (Vegas, FFD); import the module.
 
 Every generator is numpy-only and deterministic given its seeds.
 """
