@@ -128,8 +128,8 @@ def key_importance(scores: jax.Array, lse: jax.Array, *, scale: float, mode: str
 
 def sparse_budget(seqlen: int | jax.Array, valid_len: int | jax.Array, *, ratio: float, min_tokens: int = 256,
                   max_tokens: int | None = None) -> jax.Array:
-    """``min(clamp(ceil(ratio * seqlen), min_tokens, max_tokens), valid_len)`` as int32."""
-    if not 0 < ratio <= 1:
+    """``min(clamp(ceil(ratio * seqlen), min_tokens, max_tokens), valid_len)`` as int32 (``ratio`` may be traced)."""
+    if not isinstance(ratio, jax.core.Tracer) and not 0 < float(ratio) <= 1:
         raise ValueError(f"ratio must be in (0, 1]; got {ratio}")
     if min_tokens < 0:
         raise ValueError(f"min_tokens must be >= 0; got {min_tokens}")
@@ -249,7 +249,8 @@ class Budget:
     """The KV budget shared by every drafter: ``clamp(ceil(ratio * seqlen), min_tokens, max_tokens)``.
 
     Attributes:
-      ratio: fraction of the sequence length, in (0, 1].
+      ratio: fraction of the sequence length, in (0, 1]; with ``speculative_generate(budget_ratio=r)``
+        it is the static maximum that sizes the index arrays and ``r`` (traced) the ratio in use.
       min_tokens: floor (the official default is 256; small models use less).
       max_tokens: cap (None = no cap).
     """
@@ -266,9 +267,10 @@ class Budget:
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"Budget.max_tokens must be >= 1 or None; got {self.max_tokens}")
 
-    def __call__(self, seqlen: jax.Array, valid_len: jax.Array) -> jax.Array:
-        return sparse_budget(seqlen, valid_len, ratio=self.ratio, min_tokens=self.min_tokens,
-                             max_tokens=self.max_tokens)
+    def __call__(self, seqlen: jax.Array, valid_len: jax.Array, ratio: jax.Array | None = None) -> jax.Array:
+        """The budget; ``ratio`` (traced, at most ``self.ratio``) overrides the ratio, not the static bound."""
+        return sparse_budget(seqlen, valid_len, ratio=self.ratio if ratio is None else ratio,
+                             min_tokens=self.min_tokens, max_tokens=self.max_tokens)
 
     def max_keys(self, capacity: int) -> int:
         """Static bound K on the budget for a cache of ``capacity`` keys."""
@@ -462,7 +464,8 @@ class SpeculativeOutput(NamedTuple):
 
 def speculative_generate(model: nnx.Module, prompts: jax.Array, *, max_new_tokens: int, drafter: Any,
                          gamma: int = 4, prompt_lengths: jax.Array | None = None,
-                         sampler: Sampler = Sampler(), key: jax.Array | None = None) -> SpeculativeOutput:
+                         sampler: Sampler = Sampler(), key: jax.Array | None = None,
+                         budget_ratio: float | jax.Array | None = None) -> SpeculativeOutput:
     """Self-speculative decoding: gamma sparse-attention drafts, then one full-attention verification.
 
     Args:
@@ -477,6 +480,9 @@ def speculative_generate(model: nnx.Module, prompts: jax.Array, *, max_new_token
         logits and are verified by speculative rejection sampling (temperature, top-k and top-p are
         all honored because both distributions come from ``sampler.filtered_logits``).
       key: PRNG key (required unless greedy).
+      budget_ratio: the budget ratio to use, in (0, ``drafter.budget.ratio``]; a traced argument, so a
+        sweep over ratios compiles once per drafter (whose ``budget.ratio`` is then the sweep's maximum
+        and sizes the static index arrays). None = ``drafter.budget.ratio``.
 
     Returns:
       SpeculativeOutput.
@@ -503,13 +509,19 @@ def speculative_generate(model: nnx.Module, prompts: jax.Array, *, max_new_token
         if not sampler.is_greedy:
             raise ValueError("a PRNG key is required for a non-greedy sampler; pass key=")
         key = jax.random.key(0)
+    max_ratio = drafter.budget.ratio
+    if budget_ratio is None:
+        budget_ratio = max_ratio
+    elif not isinstance(budget_ratio, jax.core.Tracer) and not 0 < float(budget_ratio) <= max_ratio:
+        raise ValueError(f"budget_ratio must be in (0, drafter.budget.ratio={max_ratio}]; got {budget_ratio}")
     graphdef, state = nnx.split(model)
-    return _speculative(graphdef, state, prompts, lengths, key, max_new_tokens=max_new_tokens, drafter=drafter,
-                        gamma=gamma, sampler=sampler)
+    return _speculative(graphdef, state, prompts, lengths, key, jnp.asarray(budget_ratio, jnp.float32),
+                        max_new_tokens=max_new_tokens, drafter=drafter, gamma=gamma, sampler=sampler)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "drafter", "gamma", "sampler"))
-def _speculative(graphdef, state, prompts, prompt_lengths, key, *, max_new_tokens, drafter, gamma, sampler):
+def _speculative(graphdef, state, prompts, prompt_lengths, key, ratio, *, max_new_tokens, drafter, gamma,
+                 sampler):
     model = nnx.merge(graphdef, state)
     b, p = prompts.shape
     n, g = max_new_tokens, gamma
@@ -529,7 +541,7 @@ def _speculative(graphdef, state, prompts, prompt_lengths, key, *, max_new_token
     def refresh(out, accepted, valid_len, seqlen, rows):
         inter = out.intermediates
         lse = jnp.take(inter["attn_lse"], jnp.asarray(rows), axis=-1)  # [L, b, h, R]
-        budget = drafter.budget(seqlen, valid_len)
+        budget = drafter.budget(seqlen, valid_len, ratio)
         info = VerifyInfo(inter["attn_scores"], lse, rows, accepted, valid_len, seqlen, budget, out.cache)
         return drafter.refresh(info, scale=scale)
 

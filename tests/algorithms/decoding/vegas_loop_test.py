@@ -145,3 +145,24 @@ def test_sampled_tokens_follow_the_target_distribution():
     exp = np.append(expected[keep], expected[~keep].sum())
     exp *= obs.sum() / exp.sum()
     assert stats.chisquare(obs, exp).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("name", ["vegas", "streaming", "quest"])
+def test_traced_budget_ratio_equals_a_drafter_built_with_that_ratio(model, prompts, name):
+    """`budget_ratio` below the drafter's static maximum selects exactly what a drafter of that ratio
+    selects (same tokens, iterations and reads), and a sweep of ratios reuses one compilation."""
+    tokens, lengths = prompts
+    make = {"vegas": lambda b: vegas.VegasDrafter(b), "streaming": lambda b: vegas.StreamingDrafter(b, sink=2),
+            "quest": lambda b: vegas.QuestDrafter(b, page_size=4)}[name]
+    wide = make(vegas.Budget(ratio=0.5, min_tokens=3))
+    before = vegas._speculative._cache_size()
+    for ratio in (0.1, 0.25):
+        got = vegas.speculative_generate(model, tokens, max_new_tokens=12, drafter=wide, gamma=3,
+                                         prompt_lengths=lengths, budget_ratio=ratio)
+        want = vegas.speculative_generate(model, tokens, max_new_tokens=12, gamma=3, prompt_lengths=lengths,
+                                          drafter=make(vegas.Budget(ratio=ratio, min_tokens=3)))
+        for field in ("tokens", "iterations", "accepted_at", "kv_read"):
+            np.testing.assert_array_equal(np.asarray(getattr(got, field)), np.asarray(getattr(want, field)))
+    assert vegas._speculative._cache_size() - before == 3     # one for `wide`, one per narrow drafter
+    with pytest.raises(ValueError, match="budget_ratio"):
+        vegas.speculative_generate(model, tokens, max_new_tokens=4, drafter=wide, budget_ratio=0.6)
