@@ -3,6 +3,7 @@
     python -m pallas_kernels.bench                  # CPU: XLA references + FFD's XLA fast path
     python -m pallas_kernels.bench --out results/bench/cpu.json
     python -m pallas_kernels.bench --tokens 16384   # fewer FFD lengths (faster)
+    python -m pallas_kernels.bench --only ffd --out results/bench/cpu.json   # FFD section only, merged
 
 Per op and shape it prints the cost model's FLOPs and bytes, the XLA reference's measured wall time on
 this machine, and the roofline time projected on an H200 (989 TFLOP/s bf16 dense, 4.3 TB/s: the
@@ -11,9 +12,12 @@ measured copy ceiling, below the 4.8 TB/s spec) and on a TPU v5e (197 TFLOP/s bf
 For FFD, on synthetic decode steps with sink-and-needle heads (``primitives.ffd.synthetic_problem``):
 the kept page fraction, the relative output error against exact attention, the modeled bytes against
 dense bf16 K/V, and the wall-time ratio of FFD's XLA fast path (``primitives.ffd.fast_ffd_decode``:
-chunked 2-bit scan, top-delta selection, gathered attention over the kept pages) against two dense XLA
-decodes measured in the same run: the library's reference ``decode_attention`` on the model's
-``[b, s, k, d]`` cache, and a head-major einsum (the fastest dense XLA decode we have).
+int8 scan of one-byte codes with a proven error bound, exact float check of the candidate pages,
+gathered attention over the kept ones) against every dense XLA decode measured in the same run (the
+library's reference ``decode_attention`` on the model's ``[b, s, k, d]`` cache; head-major einsums
+over float32 and bfloat16 K/V; a 16-block split-K head-major decode), with the ratio against the
+fastest of them named explicitly; then, at the first length, the kept fraction, error and dropped
+attention mass for several ``delta`` (``ffd_error_sweep``).
 Timings interleave the contenders and report medians, so a busy machine slows all of them alike.
 
 For Vegas (``pallas_kernels.vegas``): verification attention with two score rows over a 4k cache, and
@@ -218,45 +222,95 @@ def _ffd_problem(tokens: int, seed: int = 0):
     return pr, cache
 
 
+def _dense_formulations(b: int, kh: int, h: int, d: int, tokens: int) -> dict:
+    """Dense XLA decodes over a head-major cache (``[b, k, s, d]``), the contenders for "fastest dense".
+
+    ``hm_f32``: one einsum for the scores, softmax, one einsum for p.v (float32 K/V as stored);
+    ``hm_bf16``: the same over bfloat16 K/V with float32 accumulation (half the bytes, but the CPU
+    converts bf16); ``hm_split16``: flash-decoding style, 16 key blocks with per-block max and sum
+    merged by log-sum-exp (float32).
+    """
+    scale = 1.0 / math.sqrt(d)
+
+    def hm(q, k, v):
+        qg = q.reshape(b, kh, -1, d).astype(k.dtype)
+        w = jax.nn.softmax(jnp.einsum("bkgd,bksd->bkgs", qg, k, preferred_element_type=jnp.float32) * scale, axis=-1)
+        return jnp.einsum("bkgs,bksd->bkgd", w.astype(v.dtype), v, preferred_element_type=jnp.float32).reshape(b, h, d)
+
+    def split(q, k, v, n=16 if tokens % 16 == 0 else 1):
+        qg = q.reshape(b, kh, -1, d)
+        ks, vs = k.reshape(b, kh, n, -1, d), v.reshape(b, kh, n, -1, d)
+        sc = jnp.einsum("bkgd,bkcsd->bkcgs", qg, ks) * scale
+        m = jnp.max(sc, axis=-1, keepdims=True)
+        p = jnp.exp(sc - m)
+        o = jnp.einsum("bkcgs,bkcsd->bkcgd", p, vs)
+        mm = jnp.max(m[..., 0], axis=2, keepdims=True)
+        a = jnp.exp(m[..., 0] - mm)
+        return (jnp.sum(o * a[..., None], 2) / jnp.sum(jnp.sum(p, -1) * a, 2)[..., None]).reshape(b, h, d)
+
+    return {"hm_f32": jax.jit(hm), "hm_bf16": jax.jit(hm), "hm_split16": jax.jit(split)}
+
+
 def bench_ffd(token_counts, delta: float, repeats: int) -> list[dict]:
-    """FFD's XLA fast path against dense XLA decode, same inputs, interleaved timings."""
+    """FFD's XLA fast path against every dense XLA decode formulation, same inputs, interleaved timings.
+
+    The gather capacity is static (XLA shapes): the largest candidate count of the int8 scan over
+    (b, KV head) for this input, so the fast path never falls back to the exact float scan; the
+    row records candidates, kept pages and whether the fallback would run.
+    """
     rows = []
     for tokens in token_counts:
         pr, cache = _ffd_problem(tokens)
         b, s, kh, d = pr.keys.shape
         h = pr.q.shape[1]
         keep, _ = jax.jit(ffd_ref.top_delta_keep, static_argnums=2)(pr.q, cache, delta)
-        capacity = max(1, int(jnp.max(jnp.sum(keep, -1))))  # static gather budget: no overflow
+        cand = jax.jit(ffd_ref.scan_candidates, static_argnums=2)(pr.q, cache, delta)[0]
+        capacity = max(1, int(jnp.max(jnp.sum(cand, -1))))  # static gather budget: no fallback
         kept = float(ffd_ref.kept_fraction(keep, cache))
         k_hm, v_hm = pr.keys.transpose(0, 2, 1, 3), pr.values.transpose(0, 2, 1, 3)
+        k16, v16 = k_hm.astype(jnp.bfloat16), v_hm.astype(jnp.bfloat16)
         dense_ref = jax.jit(attn_ref.decode_attention)
-        scale = 1.0 / math.sqrt(d)
-
-        @jax.jit
-        def dense_hm(q, k, v):  # head-major dense decode: the strongest plain XLA formulation
-            qg = q.reshape(b, kh, -1, d)
-            w = jax.nn.softmax(jnp.einsum("bkgd,bksd->bkgs", qg, k) * scale, axis=-1)
-            return jnp.einsum("bkgs,bksd->bkgd", w, v).reshape(b, h, d)
-
+        forms = _dense_formulations(b, kh, h, d, s)
         fast = jax.jit(lambda q, c: ffd_ref.fast_ffd_decode(q, c, delta=delta, capacity=capacity))
         out = fast(pr.q, cache)
+        want = jax.jit(ffd_ref.ffd_decode, static_argnames="delta")(pr.q, cache, delta=delta)
         exact = dense_ref(pr.q, pr.keys, pr.values, pr.lengths)
         err = float(jnp.max(jnp.linalg.norm(out.out - exact, axis=-1) / jnp.linalg.norm(exact, axis=-1)))
+        dense_errs = {name: float(jnp.max(jnp.abs(f(pr.q, *kv) - exact))) for name, f, kv in
+                      (("hm_f32", forms["hm_f32"], (k_hm, v_hm)), ("hm_bf16", forms["hm_bf16"], (k16, v16)),
+                       ("hm_split16", forms["hm_split16"], (k_hm, v_hm)))}
         times = _timed({"dense_ref": lambda: dense_ref(pr.q, pr.keys, pr.values, pr.lengths),
-                        "dense_head_major": lambda: dense_hm(pr.q, k_hm, v_hm),
+                        "hm_f32": lambda: forms["hm_f32"](pr.q, k_hm, v_hm),
+                        "hm_bf16": lambda: forms["hm_bf16"](pr.q, k16, v16),
+                        "hm_split16": lambda: forms["hm_split16"](pr.q, k_hm, v_hm),
                         "ffd_fast": lambda: fast(pr.q, cache)}, repeats)
+        dense_names = [k for k in times if k != "ffd_fast"]
+        fastest = min(dense_names, key=times.get)
         model = ffd_ref.modeled_bytes(batch=b, tokens=s, kv_heads=kh, head_dim=d, page_size=128, kept=kept)
         cost = ffd_cost(batch=b, tokens=s, num_heads=h, num_kv_heads=kh, head_dim=d, page_size=128, kept=kept,
                         residual_itemsize=1, v_itemsize=2)
         dense_cost = decode_cost(batch=b, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d, kv_itemsize=2)
+        elems = b * s * kh * d
+        # What the CPU path reads: int8 scan codes (1 B/element) + fp32 scales, the candidates' packed
+        # codes, fp8 residual and f32 values, the exact current page (f32 K and V) and its threshold pages.
+        cpu_read = elems + b * kh * (s // 128) * d * 4 + capacity * b * kh * 128 * d * (0.25 + 1 + 4) \
+            + 2 * 4 * b * kh * 128 * d
         rows.append({
             "tokens": s, "delta": delta, "kept_fraction": kept, "capacity_pages": capacity,
+            "max_kept_pages": int(jnp.max(jnp.sum(keep, -1))), "max_candidate_pages": capacity,
+            "same_selection_as_reference": bool(jnp.all(out.keep == want.keep)),
+            "max_abs_diff_vs_reference": float(jnp.max(jnp.abs(out.out - want.out))),
             "overflow_pages": int(jnp.sum(out.overflow)), "max_rel_error": err,
+            "dense_max_abs_err": dense_errs,
             "bytes_ratio_vs_dense_bf16": model["ratio"], "ffd_mbytes": cost.bytes_accessed / 1e6,
             "dense_mbytes": dense_cost.bytes_accessed / 1e6,
+            "cpu_path_mbytes": cpu_read / 1e6, "dense_f32_mbytes": 2 * 4 * elems / 1e6,
+            "extra_storage_mbytes_scan_codes": elems / 1e6,
             "ms": {k: v * 1e3 for k, v in times.items()},
+            "fastest_dense": fastest,
+            "speedup_vs_fastest_dense": times[fastest] / times["ffd_fast"],
             "speedup_vs_dense_ref": times["dense_ref"] / times["ffd_fast"],
-            "speedup_vs_dense_head_major": times["dense_head_major"] / times["ffd_fast"],
+            "speedup_vs_dense_head_major": times["hm_f32"] / times["ffd_fast"],
             "projected_us": {"ffd": {k: v * 1e6 for k, v in _projected(cost).items()},
                              "dense": {k: v * 1e6 for k, v in _projected(dense_cost).items()}},
         })
@@ -264,15 +318,66 @@ def bench_ffd(token_counts, delta: float, repeats: int) -> list[dict]:
 
 
 def _print_ffd(rows: list[dict]) -> None:
-    print(f"\nFFD XLA fast path vs dense XLA decode (b=1, 32 query / 8 KV heads, d=128, pages of 128, "
-          f"fp8 residual; delta={rows[0]['delta'] if rows else '-'} log2)")
-    print(f"{'tokens':>8}{'kept':>8}{'max rel err':>13}{'bytes/dense':>13}{'dense ref ms':>14}{'dense hm ms':>13}"
-          f"{'FFD ms':>10}{'x ref':>8}{'x hm':>8}")
+    print(f"\nFFD XLA fast path (int8 scan, exact check of candidates, gathered attention) vs dense XLA decode "
+          f"(b=1, 32 query / 8 KV heads, d=128, pages of 128, fp8 residual; delta={rows[0]['delta'] if rows else '-'} log2)")
+    print(f"{'tokens':>8}{'kept':>7}{'cap':>5}{'same sel':>9}{'rel err':>9}{'ref ms':>8}{'hm f32':>8}{'hm bf16':>8}"
+          f"{'split16':>8}{'FFD ms':>8}{'fastest dense':>15}{'x fastest dense':>17}{'x ref':>7}")
     for r in rows:
         m = r["ms"]
-        print(f"{r['tokens']:>8}{r['kept_fraction']:>8.1%}{r['max_rel_error']:>13.2e}{r['bytes_ratio_vs_dense_bf16']:>13.3f}"
-              f"{m['dense_ref']:>14.2f}{m['dense_head_major']:>13.2f}{m['ffd_fast']:>10.2f}"
-              f"{r['speedup_vs_dense_ref']:>8.2f}{r['speedup_vs_dense_head_major']:>8.2f}")
+        print(f"{r['tokens']:>8}{r['kept_fraction']:>7.1%}{r['capacity_pages']:>5}{str(r['same_selection_as_reference']):>9}"
+              f"{r['max_rel_error']:>9.2e}{m['dense_ref']:>8.2f}{m['hm_f32']:>8.2f}{m['hm_bf16']:>8.2f}"
+              f"{m['hm_split16']:>8.2f}{m['ffd_fast']:>8.2f}{r['fastest_dense']:>15}"
+              f"{r['speedup_vs_fastest_dense']:>16.2f}x{r['speedup_vs_dense_ref']:>6.2f}x")
+    for r in rows:
+        print(f"  {r['tokens']}: CPU path reads ~{r['cpu_path_mbytes']:.1f} MB (int8 scan codes {r['extra_storage_mbytes_scan_codes']:.1f} MB "
+              f"stored beside the packed codes) vs {r['dense_f32_mbytes']:.1f} MB dense f32 K/V; "
+              f"kernel bytes model vs dense bf16 {r['bytes_ratio_vs_dense_bf16']:.3f}; "
+              f"max |FFD XLA - ffd_decode reference| {r['max_abs_diff_vs_reference']:.1e}")
+
+
+def ffd_error_sweep(tokens: int = 16384, deltas=(3.0, 5.0, 7.0, 10.0, math.inf)) -> dict:
+    """Kept fraction, error and dropped attention mass of FFD's selection as ``delta`` varies.
+
+    For each ``delta`` (log2 units): the kept page fraction, the max over heads of the relative L2
+    error of the FFD output against exact dense attention, and the max over heads of the exact
+    attention mass (natural softmax of the exact logits) on dropped pages. It also splits the exact
+    mass into the planted sink and needle tokens and the diffuse background (standard-normal keys,
+    ``synthetic_problem``'s ``spread``): the background share bounds what a page selection that keeps
+    only the peaked pages can reach.
+    """
+    pr, cache = _ffd_problem(tokens)
+    b, s, kh, d = pr.keys.shape
+    g = pr.q.shape[1] // kh
+    exact = jax.jit(attn_ref.decode_attention)(pr.q, pr.keys, pr.values, pr.lengths)
+    logits = jnp.einsum("bkgd,bskd->bkgs", pr.q.reshape(b, kh, g, d), pr.keys) / math.sqrt(d)
+    w = jax.nn.softmax(logits, axis=-1)  # [b, k, g, s]
+    bs = cache.page_size
+    page_mass = w[..., : cache.num_pages * bs].reshape(b, kh, g, cache.num_pages, bs).sum(-1)  # [b, k, g, p]
+    # Planted tokens: the sink (first 4) and one needle per chosen page: the top-4 logit of each page.
+    planted = jnp.zeros((b, kh, g, s), bool).at[..., :4].set(True)
+    top_tok = jnp.argsort(logits, axis=-1)[..., -8:]  # sink + needles are the 8 largest logits here
+    planted = planted | (jnp.zeros_like(planted).at[jnp.arange(b)[:, None, None, None], jnp.arange(kh)[None, :, None, None],
+                                                    jnp.arange(g)[None, None, :, None], top_tok].set(True))
+    background = float(jnp.max(jnp.sum(jnp.where(planted, 0.0, w), -1)))
+    ffd_fn = jax.jit(ffd_ref.ffd_decode, static_argnames="delta")
+    rows = []
+    for delta in deltas:
+        o = ffd_fn(pr.q, cache, delta=delta)
+        err = float(jnp.max(jnp.linalg.norm(o.out - exact, axis=-1) / jnp.linalg.norm(exact, axis=-1)))
+        dropped = jnp.sum(jnp.where(o.keep[:, :, None, :] | ~cache.valid_pages[:, None, None, :], 0.0, page_mass), -1)
+        rows.append({"delta": delta, "kept_fraction": float(ffd_ref.kept_fraction(o.keep, cache)),
+                     "max_rel_error": err, "max_dropped_mass": float(jnp.max(dropped))})
+    return {"tokens": tokens, "rows": rows, "max_background_mass": background,
+            "synthetic": {"spread": 1.0, "sink_gap": 12.0, "needle_gap": 10.0, "needles": 4}}
+
+
+def _print_ffd_sweep(sweep: dict) -> None:
+    print(f"\nFFD error vs kept fraction at {sweep['tokens']} tokens (reference selection; exact dense as truth)")
+    print(f"{'delta':>7}{'kept':>8}{'max rel L2 err':>16}{'max dropped mass':>18}")
+    for r in sweep["rows"]:
+        print(f"{r['delta']:>7}{r['kept_fraction']:>8.1%}{r['max_rel_error']:>16.2e}{r['max_dropped_mass']:>18.2e}")
+    print(f"  diffuse background (N(0, spread^2) logits, spread=1) holds up to {sweep['max_background_mass']:.1%} of a "
+          f"head's attention mass, spread over every page: a selection reaches 1e-2 only once it keeps most of it.")
 
 
 def bench_gpu(token_counts, delta: float, repeats: int) -> dict:
@@ -366,18 +471,27 @@ def main(argv=None) -> dict:
     parser.add_argument("--delta", type=float, default=5.0, help="FFD margin, log2 units")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None, help="write the numbers as JSON here")
+    parser.add_argument("--only", default=None, choices=("ops", "moe", "ffd"),
+                        help="run one section (with --out, merges into an existing JSON file)")
     args = parser.parse_args(argv)
     backend = jax.default_backend()
     print(f"backend {backend} ({jax.devices()[0].device_kind}), jax {jax.__version__}, {platform.processor() or platform.machine()}")
     result = {"backend": backend, "device": jax.devices()[0].device_kind, "jax": jax.__version__,
               "date": time.strftime("%Y-%m-%d")}
-    result["ops"] = bench_ops(args.repeats)
-    _print_rows(result["ops"])
-    _print_vegas(result["ops"])
-    result["moe"] = bench_moe(repeats=args.repeats)
-    _print_moe(result["moe"])
-    result["ffd"] = bench_ffd([int(t) for t in args.tokens.split(",")], args.delta, args.repeats)
-    _print_ffd(result["ffd"])
+    if args.only and args.out and pathlib.Path(args.out).exists():
+        result = {**json.loads(pathlib.Path(args.out).read_text()), **result}
+    if args.only in (None, "ops"):
+        result["ops"] = bench_ops(args.repeats)
+        _print_rows(result["ops"])
+        _print_vegas(result["ops"])
+    if args.only in (None, "moe"):
+        result["moe"] = bench_moe(repeats=args.repeats)
+        _print_moe(result["moe"])
+    if args.only in (None, "ffd"):
+        result["ffd"] = bench_ffd([int(t) for t in args.tokens.split(",")], args.delta, args.repeats)
+        _print_ffd(result["ffd"])
+        result["ffd_error_sweep"] = ffd_error_sweep(int(args.tokens.split(",")[0]))
+        _print_ffd_sweep(result["ffd_error_sweep"])
     if backend == "gpu":
         result["gpu"] = bench_gpu([int(t) for t in args.gpu_tokens.split(",")], args.delta, args.repeats)
         print(json.dumps(result["gpu"], indent=1))

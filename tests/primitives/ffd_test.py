@@ -202,3 +202,74 @@ def test_bad_inputs_raise(problem):
         ffd.top_delta_keep(q, c, -1.0)
     with pytest.raises(ValueError, match="multiple"):
         ffd.scan_scores(q[:, :5], c)
+
+
+# --- the CPU (XLA) fast path: int8 scan with a bound, exact check of candidates, gathered attention ---
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_int8_scan_bound_holds_and_candidates_cover_the_selection(problem, bits):
+    q, keys, values, lengths = problem
+    c = ffd.build_cache(keys, values, lengths, page_size=BS, bits=bits)
+    assert c.scan_codes.dtype == jnp.int8
+    np.testing.assert_array_equal(c.scan_codes, ffd.unpack_codes(c.codes, bits))
+    m, err = ffd.int8_page_maxima(q, c)
+    exact = np.asarray(ffd.page_maxima(ffd.scan_scores(q, c), c))
+    fin = np.isfinite(exact)
+    np.testing.assert_array_equal(np.isfinite(np.asarray(m)), fin)
+    assert np.all(np.abs(np.asarray(m)[fin] - exact[fin]) <= np.asarray(err)[fin])
+    for delta in (0.0, 1.0, 3.0, math.inf):
+        cand, _, _ = ffd.scan_candidates(q, c, delta)
+        keep, _ = ffd.top_delta_keep(q, c, delta)
+        assert not np.any(np.asarray(keep) & ~np.asarray(cand)), delta
+
+
+def _sharp_problem():
+    """Non-block-multiple lengths, sink and needle pages, so few pages are kept at moderate delta."""
+    kq, kk, kv = jax.random.split(jax.random.key(5), 3)
+    b, s, kh, g, d, bs = 2, 300, 2, 2, 32, 16
+    q = 2.0 * jax.random.normal(kq, (b, kh * g, d))
+    keys = jax.random.normal(kk, (b, s, kh, d))
+    u = q.reshape(b, kh, g, d).mean(2)
+    keys = keys.at[:, :3].add(1.5 * u[:, None]).at[:, 150:152].add(1.2 * u[:, None])
+    values = jax.random.normal(kv, (b, s, kh, d))
+    lengths = jnp.array([300, 221])
+    return q, ffd.build_cache(keys, values, lengths, page_size=bs, residual_dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize("delta", [2.0, 6.0, math.inf])
+def test_fast_path_equals_reference_selection_and_output(delta):
+    q, c = _sharp_problem()
+    want = ffd.ffd_decode(q, c, delta=delta)
+    n_kept = int(jnp.max(jnp.sum(want.keep, -1)))
+    n_cand = int(jnp.max(jnp.sum(ffd.scan_candidates(q, c, delta)[0], -1)))
+    # capacity None (all pages), exactly the candidate count (sparse branch), and a capacity between
+    # the kept and the candidate count when they differ (exact fallback branch).
+    for cap in sorted({None, max(n_cand, 1), max(n_kept, 1)}, key=lambda x: -1 if x is None else x):
+        got = jax.jit(lambda q, c: ffd.fast_ffd_decode(q, c, delta=delta, capacity=cap))(q, c)
+        np.testing.assert_array_equal(got.keep, want.keep, err_msg=f"capacity {cap}")
+        np.testing.assert_allclose(got.out, want.out, atol=1e-5, err_msg=f"capacity {cap}")
+        np.testing.assert_allclose(got.lse, want.lse, atol=1e-5, err_msg=f"capacity {cap}")
+        np.testing.assert_array_equal(got.overflow, 0)
+    if math.isfinite(delta):
+        assert n_kept < c.num_pages  # the selection is not trivial
+
+
+def test_fast_path_overflow_and_cache_without_scan_codes():
+    q, c = _sharp_problem()
+    want = ffd.ffd_decode(q, c, delta=math.inf)
+    got = ffd.fast_ffd_decode(q, c, delta=math.inf, capacity=3)  # more kept pages than capacity
+    np.testing.assert_array_equal(got.overflow, np.sum(want.keep, -1) - 3)
+    assert np.all(np.sum(got.keep, -1) == 3) and not np.any(got.keep & ~want.keep)
+    bare = c._replace(scan_codes=None)  # the exact chunked scan only
+    out = ffd.fast_ffd_decode(q, bare, delta=2.0)
+    np.testing.assert_allclose(out.out, ffd.ffd_decode(q, c, delta=2.0).out, atol=1e-5)
+    _, keys, values, lengths = (None,) + _sharp_inputs()
+    assert ffd.build_cache(keys, values, lengths, page_size=16, scan_codes=False).scan_codes is None
+    with pytest.raises(ValueError, match="scan_codes"):
+        ffd.int8_page_maxima(q, bare)
+
+
+def _sharp_inputs():
+    kk, kv = jax.random.split(jax.random.key(6))
+    return jax.random.normal(kk, (1, 40, 1, 8)), jax.random.normal(kv, (1, 40, 1, 8)), jnp.array([37])
