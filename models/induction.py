@@ -53,7 +53,7 @@ from flax import nnx
 
 from models.transformer import Transformer, TransformerConfig
 
-__all__ = ["InductionSpec", "induction_lm", "fingerprint", "NUM_SPECIAL", "PAD", "BOS", "QUERY"]
+__all__ = ["InductionSpec", "induction_lm", "perturbed", "fingerprint", "NUM_SPECIAL", "PAD", "BOS", "QUERY"]
 
 PAD, BOS, QUERY = 0, 1, 2
 NUM_SPECIAL = 4          # ids below this are special tokens (3 is a spare separator)
@@ -211,3 +211,30 @@ def fingerprint(model: nnx.Module) -> str:
         h.update(str(arr.shape).encode())
         h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()[:12]
+
+
+def perturbed(model: Transformer, key: jax.Array, *, qk_scale: float = 0.5, noise: float = 0.05) -> Transformer:
+    """A copy of the constructed LM whose attention is no longer hand-sharp.
+
+    Every query and key projection is multiplied by ``qk_scale`` (attention logits by ``qk_scale**2``),
+    then every entry of every parameter but the embedding gets Gaussian noise of standard deviation
+    ``noise`` times that parameter's root mean square (the zeros of the construction included, so
+    heads also pick up weak attention to unrelated keys and write into unrelated slots). The embedding
+    is kept: noise on its constant dim scales the previous-token head's large logits (about 500 nats
+    at the construction's gain) by a different factor per key, which alone destroys the circuit. Fine-tuning this model on the task (see
+    `experiments._long_context`) gives the "not hand-sharp" workload.
+    """
+    if qk_scale <= 0 or noise < 0:
+        raise ValueError(f"qk_scale must be > 0 and noise >= 0; got qk_scale={qk_scale}, noise={noise}")
+    graphdef, state = nnx.split(model)
+    flat = nnx.to_flat_state(state)
+    keys = jax.random.split(key, len(flat))
+    new = []
+    for k, (path, var) in zip(keys, flat):
+        x = var[...]
+        if path[-1] in ("wq", "wk"):
+            x = x * qk_scale
+        if path[-1] != "embed":
+            x = x + noise * jnp.sqrt(jnp.mean(x * x)) * jax.random.normal(k, x.shape, x.dtype)
+        new.append((path, var.replace(x)))
+    return nnx.merge(graphdef, nnx.from_flat_state(new))
