@@ -11,7 +11,14 @@ from `models.induction` with the task it is measured on:
   * ``tuned``: the ``record`` LM (``TuneConfig.record_size``; 0 = the ``copy`` LM) perturbed
     (`models.induction.perturbed`: query/key projections scaled down, Gaussian noise on every weight
     but the embedding) and then fine-tuned on short contexts of its task with the loss on the answer
-    tokens only, so its attention is partly learned, not hand-sharp. Fine-tuning runs through
+    tokens only, so its attention is softer than the construction's (the largest attention weight of
+    the previous-token heads falls from 1.0 to about 0.93). With the defaults the perturbed model
+    still retrieves and the low-rate fine-tuning keeps it so (100% dense exact match at 2k and 8k on
+    the development machine). Tried and rejected, for the record: stronger perturbations
+    (qk x0.3-0.35, noise 0.2-0.5) that break retrieval, repaired by fine-tuning at learning rate
+    1e-3-3e-3 on 256-2048-token contexts, reached low training loss but only 30-80% exact match at
+    2k and 0-37% at 8k (greedy errors compound, and the repaired gains did not carry to longer
+    contexts); a higher rate on the mild perturbation also lowered the training loss and the accuracy. Fine-tuning runs through
     `algorithms.training.fit` and is checkpointed under ``workdir/tuned-<fingerprint>``, so a second
     run with the same settings loads it instead of training again.
 
@@ -55,13 +62,13 @@ class TuneConfig:
     """
 
     record_size: int = 16
-    qk_scale: float = 0.3
-    noise: float = 0.2
-    steps: int = 100
-    batch_size: int = 8
-    context_len: int = 512
-    answer_len: int = 16
-    learning_rate: float = 3e-3
+    qk_scale: float = 0.4
+    noise: float = 0.15
+    steps: int = 40
+    batch_size: int = 4
+    context_len: int = 1024
+    answer_len: int = 64
+    learning_rate: float = 3e-4
     seed: int = 0
 
 
