@@ -1,34 +1,63 @@
 """FFD: top-delta page selection over 2-bit key codes (Liu et al., "Faster Than Flash", ICML 2026).
 
+Claim checked: FFD's fused scan keeps the pages whose 2-bit-code scores come within delta (log2 units)
+of a reference maximum taken from two pages, which adapts the sparsity to each head's attention
+distribution and keeps accuracy (paper: RULER / LongBench accuracy maintained on Llama-3.1-8B, up to
+11.6x kernel speedup at 256K).
+
 Three parts, each on the library's FFD cache (``primitives.ffd``: 2-bit per-page per-channel key
 codes, a float32 residual, exact values, the current page exact):
 
-1. **Error against delta.** Synthetic decode steps whose heads have an attention sink and planted
-   needle pages above a Gaussian background (``primitives.ffd.synthetic_problem``), for two needle
-   logit gaps. For delta in {2, 3, 5, 7, 10} (log2 units): kept-page fraction, relative L2 error of
-   the output against exact attention, dropped attention mass (exact softmax mass of the dropped
-   pages), the spec's exact-algebra bound ``max|o - o*| <= 2 max|v| M_drop / M`` and the modeled bytes
+1. **Error against delta** (kernel level). Synthetic decode steps whose heads have an attention sink
+   and planted needle pages above a Gaussian background (``primitives.ffd.synthetic_problem``), for
+   two needle logit gaps. For delta in {2, 3, 5, 7, 10}: kept-page fraction, relative L2 error of the
+   output against exact attention, dropped attention mass (exact softmax mass of the dropped pages),
+   the spec's exact-algebra bound ``max|o - o*| <= 2 max|v| M_drop / M`` and the modeled bytes
    against dense bf16 K/V.
-2. **Distribution adaptivity** (the paper's claim that top-delta adapts where a fixed top-k cannot):
-   half the KV heads peaked (sink + needles), half flat (mass spread over every page). At each
-   delta, global top-k and Quest get the same *average* kept fraction as top-delta; the worst-case
-   (over heads) relative error of each is compared.
-3. **End to end.** A tiny decoder LM trained on multi-query associative recall; its one-token decode
-   step answers the last query of held-out sequences with dense attention, FFD (through the model's
-   ``decode_attention="ffd"`` route), and top-k and Quest at FFD's measured kept fraction.
+2. **Distribution adaptivity** (kernel level): half the KV heads peaked (sink + needles), half flat
+   (mass spread over every page). At each delta, global top-k and Quest get the same *average* kept
+   fraction as top-delta; the worst-case (over heads) relative error of each is compared.
+3. **End to end** on LMs that really retrieve: the workloads of `experiments._long_context` (``copy``:
+   the constructed induction LM, ``record``: the same with a record head, ``tuned``: the record LM
+   perturbed and fine-tuned), 2 layers x 2 heads, head_dim 128. Layer 1's heads attend to the
+   previous token (always in the exact current page or the last full page, which is a reference
+   page); layer 2's induction head attends to one far key, and in record models its record head
+   attends to the whole queried record (16 tokens). On span-copy prompts of ``context_len`` tokens
+   (quick: 8192, pages of 64) the prompt is prefilled once with dense attention, and every method then
+   decodes ``answer_len`` greedy tokens from that cache through the model's
+   ``decode_attention="ffd"`` route: dense; FFD top-delta at each of ``lm_deltas``; and, at FFD's
+   measured kept fraction (mean over decode steps, layers, prompts and KV heads), the global top-k and
+   Quest selectors. Reported per (workload, method): greedy exact match of the answer tokens, agreement
+   with dense decoding's tokens, and the kept fraction (per layer too).
 
-Wall time is not measured here (``python -m pallas_kernels.bench`` does that); the byte counts are
-the bandwidth model of the spec.
+Checks (``metrics["checks"]``, thresholds fixed before the run):
+  * kernel: mean error non-increasing in delta (both gaps); the dropped-mass bound holds on every head
+    and delta; worst-case error of top-delta below top-k's and below Quest's at every matched delta;
+    modeled bytes dense / FFD >= 4 at delta = 5 on the high-gap heads (the spec's model gives about 7x
+    at 10% kept; set knowing the previous run's 0.13 ratio).
+  * end to end, per workload: dense exact match >= 0.95 (precondition: the workload retrieves); FFD
+    accuracy at delta = ``main_delta`` >= dense - ``lm_tolerance`` (0.02: "accuracy maintained"); the
+    smallest (over ``lm_deltas``) FFD - top-k and FFD - Quest accuracy difference at equal kept
+    fraction >= 0.
+  ``reproduced`` = every kernel check passes, at least one workload passes its precondition, and on
+  every workload that does, its end-to-end checks pass (a workload whose dense decoding does not
+  retrieve is reported, not counted).
+
+Scale (quick, 2 CPU cores): 2 prompts x 16 answer tokens per workload (exact match moves in steps of
+1/32), one prefill per workload shared by the 10 decode methods; the ``tuned`` workload is fine-tuned
+on the first run (about a minute, checkpointed in the workdir). Wall time is not measured here
+(``python -m pallas_kernels.bench`` does that); the byte counts are the bandwidth model of the spec.
 
 Recipe:
     python -m experiments run ffd --preset smoke     # seconds, used by the tests
     python -m experiments run ffd --preset quick     # 2 CPU cores, a few minutes
-    python -m experiments run ffd --preset paper     # 64k tokens, d=128, 8 KV heads; longer LM training
+    python -m experiments run ffd --preset paper     # 64k-token kernel problems; 16k-token LM contexts
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pathlib
 
@@ -38,11 +67,10 @@ import numpy as np
 import tqdm
 from flax import nnx
 
-from algorithms import training
-from algorithms.decoding import ffd as ffd_alg
+from experiments import _long_context as lc
 from experiments import registry, report
-from experiments.tasks.associative_recall import AssociativeRecallTask
-from models.transformer import Transformer, TransformerConfig
+from experiments.checks import Check
+from models.transformer import Transformer
 from primitives import ffd as ref
 
 
@@ -61,37 +89,41 @@ class Config:
     needle_gaps: tuple[float, ...] = (6.0, 10.0)  # nats above the background; the sink is gap + 2
     needles: int = 4
     seed: int = 0
-    # Claim thresholds (part 1: at the paper's delta = 5 on the high-gap problems).
-    main_delta: float = 5.0
+    main_delta: float = 5.0  # the paper's default; the kernel byte check and the LM accuracy check use it
     target_error: float = 1e-2  # drawn on the error plot
-    # End to end (part 3).
-    lm: bool = True
-    lm_context: int = 256
-    lm_pairs: int = 8
-    lm_queries: int = 4
-    lm_page_size: int = 16
-    lm_d_model: int = 64
-    lm_layers: int = 2
-    lm_heads: int = 4
-    lm_kv_heads: int = 2
-    lm_steps: int = 800
-    lm_batch: int = 16
-    lm_learning_rate: float = 3e-3
-    lm_eval: int = 256
+    min_bytes_reduction: float = 4.0  # check: dense / FFD modeled bytes at main_delta, high-gap heads
+    # End to end (part 3): the workloads of experiments._long_context.
+    workloads: tuple[str, ...] = lc.WORKLOADS
+    vocab_size: int = 16384
+    record_size: int = 16
+    tune: lc.TuneConfig = lc.TuneConfig()
+    context_len: int = 8192
+    num_prompts: int = 2
+    answer_len: int = 16
+    lm_page_size: int = 64
     lm_deltas: tuple[float, ...] = (2.0, 5.0, 7.0)
-    lm_min_dense_accuracy: float = 0.8  # the accuracy claim is only tested on an LM that can recall
-    lm_tolerance: float = 0.02  # FFD may lose at most this much last-query accuracy against dense
+    min_dense_accuracy: float = 0.95  # precondition: the workload retrieves with dense decoding
+    lm_tolerance: float = 0.02  # FFD may lose at most this much exact match against dense
+    checkpoint: bool = True  # keep the tuned workload's fine-tuning under the workdir
     progress: bool = True
 
-
-def _validate(c: Config) -> None:
-    if c.tokens % c.page_size or c.tokens < 4 * c.page_size:
-        raise ValueError(f"tokens must be a multiple of page_size and >= 4 pages; got tokens={c.tokens}, "
-                         f"page_size={c.page_size}")
-    if not c.deltas or min(c.deltas) < 0:
-        raise ValueError(f"deltas must be non-empty and >= 0; got {c.deltas}")
-    if c.main_delta not in c.deltas:
-        raise ValueError(f"main_delta ({c.main_delta}) must be one of deltas {c.deltas}")
+    def __post_init__(self):
+        if self.tokens % self.page_size or self.tokens < 4 * self.page_size:
+            raise ValueError(f"tokens must be a multiple of page_size and >= 4 pages; got tokens={self.tokens}, "
+                             f"page_size={self.page_size}")
+        if not self.deltas or min(self.deltas) < 0:
+            raise ValueError(f"deltas must be non-empty and >= 0; got {self.deltas}")
+        if self.main_delta not in self.deltas:
+            raise ValueError(f"main_delta ({self.main_delta}) must be one of deltas {self.deltas}")
+        if unknown := set(self.workloads) - set(lc.WORKLOADS):
+            raise ValueError(f"workloads must be among {lc.WORKLOADS}; got unknown {sorted(unknown)}")
+        if self.workloads and self.main_delta not in self.lm_deltas:
+            raise ValueError(f"main_delta ({self.main_delta}) must be one of lm_deltas {self.lm_deltas}")
+        if self.answer_len < 2:
+            raise ValueError(f"answer_len must be >= 2 (one prefill token, then decode steps); got {self.answer_len}")
+        if self.context_len < 2 * self.lm_page_size:
+            raise ValueError(f"context_len ({self.context_len}) must hold >= 2 pages of lm_page_size "
+                             f"({self.lm_page_size})")
 
 
 # Jitted once per shape: the reference functions are many small ops.
@@ -196,136 +228,252 @@ def _part2(c: Config, bar) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Part 3: the tiny associative-recall LM.
+# Part 3: end to end on the long-context workloads.
 
 
-def _lm_config(c: Config, vocab: int, **decode) -> TransformerConfig:
-    return TransformerConfig(vocab_size=vocab, d_model=c.lm_d_model, num_layers=c.lm_layers, num_heads=c.lm_heads,
-                             num_kv_heads=c.lm_kv_heads, d_ff=4 * c.lm_d_model,
-                             ffd_page_size=c.lm_page_size, **decode)
+def with_decode(model: Transformer, **decode) -> Transformer:
+    """A copy of ``model`` whose config differs by ``decode`` (e.g. ``decode_attention="ffd"``), same weights.
+
+    The decode mode is part of the module structure, so the copy is a new `Transformer` with the
+    original's parameters copied in.
+    """
+    m = Transformer(dataclasses.replace(model.config, **decode), rngs=nnx.Rngs(0))
+    nnx.update(m, nnx.state(model, nnx.Param))
+    return m
 
 
-def _lm_fingerprint(c: Config) -> str:
-    """The training-relevant fields: a checkpoint is reused only when these match."""
-    keys = ("seed", "lm_context", "lm_pairs", "lm_queries", "lm_d_model", "lm_layers", "lm_heads", "lm_kv_heads",
-            "lm_steps", "lm_batch", "lm_learning_rate")
-    return repr({k: getattr(c, k) for k in keys})
+@functools.partial(jax.jit, static_argnames=("graphdef", "new_tokens"))
+def _prefill(graphdef, state, prompts, *, new_tokens: int):
+    model = nnx.merge(graphdef, state)
+    b, p = prompts.shape
+    out = model(prompts, cache=model.init_cache(b, p + new_tokens), logits_at=jnp.full((b, 1), p - 1))
+    return jnp.argmax(out.logits[:, 0], -1).astype(jnp.int32), out.cache
 
 
-def _lm_answers(model, batch) -> tuple[np.ndarray, np.ndarray]:
-    """Answers the last query of each sequence with one decode step; returns (correct, kept fraction)."""
-    inputs, targets = np.asarray(batch["inputs"]), np.asarray(batch["targets"])
-    qpos = np.asarray(batch["query_positions"])[:, -1]  # inputs[qpos] is the queried key
-    b = inputs.shape[0]
-    prompt_len = int(qpos.max())
-    cache = model.init_cache(b, prompt_len + 1)
-
-    @nnx.jit
-    def step(model, prompts, lengths, keys, cache):
-        pre = model(prompts, cache=cache, num_valid=lengths)
-        out = model(keys[:, None], cache=pre.cache)
-        return out.logits[:, 0]
-
-    logits = step(model, jnp.asarray(inputs[:, :prompt_len]), jnp.asarray(qpos), jnp.asarray(inputs[np.arange(b), qpos]),
-                  cache)
-    kept = nnx.pop(model, nnx.Intermediate)
-    fractions = [float(np.mean(v)) for v in jax.tree.leaves(kept)]
-    correct = np.asarray(jnp.argmax(logits, -1)) == targets[np.arange(b), qpos]
-    return correct, (float(np.mean(fractions)) if fractions else float("nan"))
+def prefill(model: Transformer, prompts: jax.Array, new_tokens: int):
+    """Dense prefill of [b, P] prompts: (first greedy token [b], KV cache with room for ``new_tokens``)."""
+    graphdef, state = nnx.split(model)
+    return _prefill(graphdef, state, jnp.asarray(prompts), new_tokens=new_tokens)
 
 
-def _part3(c: Config, workdir: pathlib.Path, bar) -> dict:
-    task = AssociativeRecallTask(num_pairs=c.lm_pairs, num_queries=c.lm_queries, context_len=c.lm_context,
-                                 scatter=True, seed=c.seed)
-    vocab = task.vocab_size
-    opt = training.OptimizerConfig(learning_rate=c.lm_learning_rate, warmup_steps=min(100, c.lm_steps),
-                                   total_steps=c.lm_steps)
-    fit = training.fit(model_fn=lambda rngs: Transformer(_lm_config(c, vocab), rngs=rngs), optimizer_config=opt,
-                       batch_fn=lambda pos: task.batch(pos, batch_size=c.lm_batch), num_steps=c.lm_steps,
-                       workdir=workdir, seed=c.seed, checkpoint_every=max(c.lm_steps // 3, 1), log_every=100,
-                       progress=c.progress, desc="ffd lm", fingerprint=_lm_fingerprint(c))
-    params = nnx.state(fit.model(), nnx.Param)
-    evalb = task.batch(10_000_000, batch_size=c.lm_eval)
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps"))
+def _decode(graphdef, state, first, cache, *, steps: int):
+    def body(carry, _):
+        prev, cache = carry
+        model = nnx.merge(graphdef, state)  # fresh per trace: the FFD step sows its kept fraction
+        out = model(prev[:, None], cache=cache)
+        sown = jax.tree.leaves(nnx.state(model, nnx.Intermediate))  # one scalar per layer (FFD modes)
+        kept = jnp.stack([jnp.asarray(x, jnp.float32) for x in sown]) if sown else jnp.ones((model.config.num_layers,))
+        tok = jnp.argmax(out.logits[:, 0], -1).astype(jnp.int32)
+        return (tok, out.cache), (tok, kept)
 
-    def with_decode(**decode):
-        m = Transformer(_lm_config(c, vocab, **decode), rngs=nnx.Rngs(0))
-        nnx.update(m, params)
-        return m
+    _, (tokens, kept) = jax.lax.scan(body, (first, cache), None, length=steps)
+    return jnp.concatenate([first[:, None], tokens.T], axis=1), kept
 
-    rows = {}
-    dense_ok, _ = _lm_answers(with_decode(), evalb)
-    rows["dense"] = {"accuracy": float(dense_ok.mean()), "kept": 1.0}
+
+def decode(model: Transformer, first: jax.Array, cache, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy decoding of ``steps`` tokens after ``first`` from a prefilled cache, through ``model``'s
+    decode attention.
+
+    Returns:
+      (tokens [b, steps + 1] with ``first`` in column 0, kept page fraction [steps, layers] of each decode
+      step: the ``ffd_kept_fraction`` intermediate each FFD layer sows, over prompts and KV heads; 1.0
+      for dense decode modes).
+    """
+    graphdef, state = nnx.split(model)
+    tokens, kept = _decode(graphdef, state, first, cache, steps=steps)
+    return np.asarray(tokens), np.asarray(kept)
+
+
+def _method_row(model, first, cache, steps, answers, reference=None) -> tuple[dict, np.ndarray]:
+    """(exact match against ``answers``, agreement with ``reference`` tokens, kept fractions; tokens)."""
+    tokens, kept = decode(model, first, cache, steps)
+    reference = tokens if reference is None else reference
+    return {"accuracy": float(np.mean(tokens == answers)), "agreement": float(np.mean(tokens == reference)),
+            "kept": float(kept.mean()), "kept_per_layer": [float(x) for x in kept.mean(0)]}, tokens
+
+
+def workload_study(c: Config, wl: lc.Workload, bar) -> dict:
+    """Dense, FFD at each delta, and top-k / Quest at FFD's kept fraction on one workload."""
+    p = wl.task.prompts(c.seed, batch_size=c.num_prompts, context_len=c.context_len, answer_len=c.answer_len)
+    answers = p["answers"]
+    first, cache = prefill(wl.model, p["prompts"], c.answer_len)
+    steps = c.answer_len - 1
+    dense, reference = _method_row(wl.model, first, cache, steps, answers)
+    rows = {"dense": dict(dense, method="dense", delta=None)}
     bar.update(1)
+    ffd = functools.partial(with_decode, wl.model, decode_attention="ffd", ffd_page_size=c.lm_page_size, ffd_bits=2)
     for delta in c.lm_deltas:
-        ok, kept = _lm_answers(with_decode(decode_attention="ffd", ffd_delta=delta), evalb)
-        rows[f"ffd_delta{delta:g}"] = {"accuracy": float(ok.mean()), "kept": kept}
-        frac = min(max(kept, 1e-3), 1.0)
+        r, _ = _method_row(ffd(ffd_delta=delta), first, cache, steps, answers, reference)
+        rows[f"ffd d={delta:g}"] = dict(r, method="ffd", delta=delta)
+        frac = min(max(r["kept"], 1e-3), 1.0)
         for sel in ("top_k", "quest"):
-            ok_b, _ = _lm_answers(with_decode(decode_attention="ffd", ffd_selector=sel, ffd_kept_fraction=frac), evalb)
-            rows[f"{sel}_at_delta{delta:g}"] = {"accuracy": float(ok_b.mean()), "kept": frac}
+            rb, _ = _method_row(ffd(ffd_selector=sel, ffd_kept_fraction=frac), first, cache, steps, answers, reference)
+            rows[f"{sel} d={delta:g}"] = dict(rb, method=sel, delta=delta, budget=frac)
         bar.update(1)
-    history = [h["loss"] for h in fit.history if "loss" in h]
-    return {"rows": rows, "final_loss": history[-1] if history else math.nan, "eval_sequences": c.lm_eval,
-            "pages": c.lm_context // c.lm_page_size}
+    return {"fingerprint": wl.fingerprint, "description": wl.description, "dense_accuracy": dense["accuracy"],
+            "pages": c.context_len // c.lm_page_size, "rows": rows}
 
 
-def run(c: Config, workdir: pathlib.Path) -> dict:
-    _validate(c)
-    workdir = pathlib.Path(workdir)
-    steps = len(c.needle_gaps) * len(c.deltas) + len(c.deltas) + (1 + len(c.lm_deltas) if c.lm else 0)
-    bar = tqdm.tqdm(total=steps, desc="ffd", disable=not c.progress)
-    part1 = _part1(c, bar)
-    part2 = _part2(c, bar)
-    part3 = _part3(c, workdir, bar) if c.lm else None
-    bar.close()
+# ---------------------------------------------------------------------------------------------
+# Checks and verdict.
 
-    # Claims. (1) accuracy is the paper's end-to-end claim: on the tiny LM, FFD at the paper's delta
-    # answers within `lm_tolerance` of dense attention (when dense itself is accurate). The synthetic
-    # sweep characterizes where the error comes from (dropped mass); the exact-algebra bound must hold.
+
+def kernel_checks(c: Config, part1: dict, part2: dict) -> list[Check]:
     high = part1[f"{max(c.needle_gaps):g}"]
     main = next(r for r in high if r["delta"] == c.main_delta)
     monotone = all(a["err_mean"] >= b["err_mean"] - 1e-7 for rows in part1.values() for a, b in zip(rows, rows[1:]))
     bound = all(r["bound_holds"] for rows in part1.values() for r in rows)
-    lm_ok = None
-    if part3:
-        dense_acc = part3["rows"]["dense"]["accuracy"]
-        ffd_row = part3["rows"].get(f"ffd_delta{c.main_delta:g}")
-        if ffd_row is not None and dense_acc >= c.lm_min_dense_accuracy:
-            lm_ok = ffd_row["accuracy"] >= dense_acc - c.lm_tolerance
-    # (2) adaptivity: at matched kept fraction, top-delta's worst-case error below top-k's at every
-    # delta where the budget is not already everything.
     cmp = [r for r in part2["rows"] if r["budget_pages"] < c.tokens // c.page_size]
-    adaptive = bool(cmp) and all(r["top_delta"]["worst_err"] < r["top_k"]["worst_err"] for r in cmp)
-    accurate = bool(lm_ok)
-    reproduced = bool(accurate and monotone and bound and adaptive) if lm_ok is not None else None
-
-    lines = [
-        f"synthetic sink+needle heads (gap {max(c.needle_gaps):g} nats, {c.tokens} tokens): at delta={c.main_delta:g} "
-        f"FFD keeps {main['kept']:.1%} of pages, max relative error {main['err_max']:.2e}, max dropped mass "
-        f"{main['dropped_max']:.2e} (the error follows the diffuse background mass it drops), modeled bytes "
-        f"{main['bytes_ratio']:.3f} of dense bf16.",
-        f"error falls as delta grows: {'yes' if monotone else 'NO'}; dropped-mass bound held on every head: "
-        f"{'yes' if bound else 'NO'}.",
-        "adaptivity (half peaked, half flat heads; worst-case relative error at matched kept fraction): "
-        + "; ".join(f"delta={r['delta']:g} kept {r['kept']:.0%}: top-delta {r['top_delta']['worst_err']:.2e} vs "
-                    f"top-k {r['top_k']['worst_err']:.2e} vs Quest {r['quest']['worst_err']:.2e}" for r in cmp)
-        + (" -> holds." if adaptive else " -> does NOT hold."),
+    checks = [
+        Check("kernel: mean output error non-increasing in delta", monotone, "error shrinks as delta grows",
+              "every step of the delta sweep, both gaps", monotone, f"deltas {list(c.deltas)}"),
+        Check("kernel: |o - o*| <= 2 max|v| M_drop / M", bound, "exact algebra (spec)", "every head and delta", bound),
     ]
-    if part3:
-        rows = part3["rows"]
-        lm = "; ".join(f"{k} {v['accuracy']:.1%}" + (f" (kept {v['kept']:.0%})" if k != "dense" else "")
-                       for k, v in rows.items())
-        lines.append(("accuracy claim " + ("holds" if lm_ok else "does NOT hold" if lm_ok is not None else
-                      f"not tested (dense accuracy below {c.lm_min_dense_accuracy:.0%})")) + ": "
-                     f"end to end (tiny MQAR LM, {c.lm_context} tokens, {part3['pages']} pages of {c.lm_page_size}, "
-                     f"last-query accuracy on {c.lm_eval} held-out sequences): {lm}.")
-    verdict = " ".join(lines)
+    for name in ("top_k", "quest"):
+        ratio = max((r["top_delta"]["worst_err"] / max(r[name]["worst_err"], 1e-30) for r in cmp), default=math.nan)
+        checks.append(Check(f"kernel: worst-case error top-delta / {name} at matched kept fraction", ratio,
+                            "top-delta adapts to each head where a fixed budget cannot", "< 1 at every delta",
+                            bool(cmp) and ratio < 1, "half peaked, half flat heads; max over deltas"))
+    reduction = 1.0 / main["bytes_ratio"]
+    checks.append(Check("kernel: modeled bytes dense / FFD", reduction,
+                        "up to 11.6x kernel speedup at 256K (spec's bandwidth model: ~7x at 10% kept)",
+                        f">= {c.min_bytes_reduction:g}", reduction >= c.min_bytes_reduction,
+                        f"delta={c.main_delta:g}, gap {max(c.needle_gaps):g}, {c.tokens} tokens, kept "
+                        f"{main['kept']:.1%}"))
+    return checks
+
+
+def workload_checks(c: Config, name: str, r: dict) -> list[Check]:
+    rows, dense = r["rows"], r["dense_accuracy"]
+    main = rows[f"ffd d={c.main_delta:g}"]
+    where = f"{name}, {c.context_len} tokens, pages of {c.lm_page_size}"
+    checks = [
+        Check("dense greedy exact match (precondition)", dense, "the model retrieves",
+              f">= {c.min_dense_accuracy:g}", dense >= c.min_dense_accuracy, where),
+        Check("FFD - dense exact match", main["accuracy"] - dense, "accuracy maintained (RULER, LongBench)",
+              f">= -{c.lm_tolerance:g}", main["accuracy"] - dense >= -c.lm_tolerance - 1e-9,
+              f"{where}, delta={c.main_delta:g}, kept {main['kept']:.1%}"),
+    ]
+    for sel, label in (("top_k", "top-k"), ("quest", "Quest")):
+        diffs = {d: rows[f"ffd d={d:g}"]["accuracy"] - rows[f"{sel} d={d:g}"]["accuracy"] for d in c.lm_deltas}
+        worst = min(diffs, key=diffs.get)
+        checks.append(Check(f"FFD - {label} exact match at equal kept fraction", diffs[worst],
+                            f"top-delta at least as accurate as {label} at the same budget", ">= 0 at every delta",
+                            diffs[worst] >= -1e-9, f"{where}; worst at delta={worst:g}"))
+    return checks
+
+
+def _workload_sentence(c: Config, name: str, r: dict) -> str:
+    rows = r["rows"]
+
+    def layers(row):
+        return "/".join(f"{k:.0%}" for k in row["kept_per_layer"])
+
+    per_delta = "; ".join(
+        f"delta={d:g}: FFD {rows[f'ffd d={d:g}']['accuracy']:.0%} (kept {rows[f'ffd d={d:g}']['kept']:.1%}, "
+        f"layers {layers(rows[f'ffd d={d:g}'])}), top-k {rows[f'top_k d={d:g}']['accuracy']:.0%}, "
+        f"Quest {rows[f'quest d={d:g}']['accuracy']:.0%}" for d in c.lm_deltas)
+    return (f"[{name}: {r['description']}; fingerprint {r['fingerprint']}] {c.context_len} tokens, "
+            f"{r['pages']} pages of {c.lm_page_size}, {c.num_prompts} prompts x {c.answer_len} greedy tokens: "
+            f"dense exact match {r['dense_accuracy']:.0%}; {per_delta}.")
+
+
+def _verdict(c: Config, part1: dict, part2: dict, results: dict, kchecks: list[Check],
+             wchecks: dict[str, list[Check]]) -> tuple[str, bool | None]:
+    high = part1[f"{max(c.needle_gaps):g}"]
+    main = next(r for r in high if r["delta"] == c.main_delta)
+    cmp = [r for r in part2["rows"] if r["budget_pages"] < c.tokens // c.page_size]
+    parts = [
+        "Paper (Llama-3.1-8B): accuracy maintained on RULER and LongBench, up to 11.6x kernel speedup at 256K.",
+        f"Kernel level (synthetic sink+needle heads, gap {max(c.needle_gaps):g} nats, {c.tokens} tokens): at "
+        f"delta={c.main_delta:g} FFD keeps {main['kept']:.1%} of pages, max relative error {main['err_max']:.2e}, max "
+        f"dropped mass {main['dropped_max']:.2e}, modeled bytes {main['bytes_ratio']:.3f} of dense bf16; worst-case "
+        "error at matched kept fraction (half peaked, half flat heads): "
+        + "; ".join(f"delta={r['delta']:g} ({r['kept']:.0%} kept) top-delta {r['top_delta']['worst_err']:.2e}, "
+                    f"top-k {r['top_k']['worst_err']:.2e}, Quest {r['quest']['worst_err']:.2e}" for r in cmp) + ".",
+    ]
+    parts += [_workload_sentence(c, name, r) for name, r in results.items()]
+    kernel_ok = all(ch.passed for ch in kchecks)
+    retrieving = [n for n, chs in wchecks.items() if chs[0].passed]
+    e2e_ok = all(ch.passed for n in retrieving for ch in wchecks[n][1:])
+    if not results:
+        reproduced = None
+        parts.append("End to end not run (no workloads): the accuracy claim is not tested in this run.")
+    else:
+        reproduced = bool(kernel_ok and retrieving and e2e_ok)
+        acc = {n: results[n]["rows"][f"ffd d={c.main_delta:g}"] for n in results}
+        parts.append(
+            f"Accuracy claim (FFD at delta={c.main_delta:g} within {c.lm_tolerance:.0%} of dense, and at least as "
+            "accurate as top-k and Quest at its kept fraction, on every workload that retrieves): "
+            + ", ".join(f"{n} {acc[n]['accuracy']:.0%} vs dense {results[n]['dense_accuracy']:.0%}" for n in results)
+            + f" -> {'holds' if retrieving and e2e_ok else 'does NOT hold'}"
+            + (f" (workloads whose dense decoding does not retrieve, reported but not counted: "
+               f"{', '.join(n for n in results if n not in retrieving)})" if len(retrieving) < len(results) else "")
+            + f". Kernel checks: {'all pass' if kernel_ok else 'NOT all pass'}. "
+            + ("REPRODUCED." if reproduced else "NOT reproduced."))
+    if results:
+        parts.append(_reading(c, results))
+    failed = [f"{n}: {ch.line()}" if n else ch.line() for n, chs in [(None, kchecks), *wchecks.items()]
+              for ch in chs if not ch.passed]
+    if failed:
+        parts.append("Failed checks: " + "; ".join(failed) + ".")
+    return " ".join(parts), reproduced
+
+
+def _reading(c: Config, results: dict) -> str:
+    """Where FFD keeps pages, and what the baseline comparisons can and cannot show (from the rows)."""
+    rows = {n: r["rows"] for n, r in results.items()}
+    ffd_rows = [(n, d, rows[n][f"ffd d={d:g}"]) for n in rows for d in c.lm_deltas]
+    per_layer = np.array([r["kept_per_layer"] for _, _, r in ffd_rows])
+    text = (f"FFD's kept fraction per layer over all runs: "
+            + ", ".join(f"layer {i + 1} {lo:.1%}-{hi:.1%}" for i, (lo, hi) in
+                        enumerate(zip(per_layer.min(0), per_layer.max(0))))
+            + " (layer 1's previous-token heads peak on the previous token, in the exact current page or the last "
+            "full page, a reference page, and score near keys above far ones, so the far pages fall below the "
+            "threshold; layer 2's induction/record heads peak on a far "
+            "page that is not a reference page, so the threshold is set by the background maximum of the two "
+            "reference pages and every background page within delta of it is kept as well).")
+    ties = all(rows[n][f"ffd d={d:g}"]["accuracy"] == rows[n][f"top_k d={d:g}"]["accuracy"] for n, d, _ in ffd_rows)
+    if ties:
+        text += (" Global top-k at the same kept fraction is exactly as accurate on every workload and delta: "
+                 "FFD's budgets are generous for heads that need one page (or one record), so this comparison does "
+                 "not separate the two selectors; FFD's edge is that it needs no global sort, not accuracy here.")
+    lost = [(n, d) for n, d, r in ffd_rows if rows[n][f"quest d={d:g}"]["accuracy"] < r["accuracy"]]
+    if lost:
+        q = sorted({rows[n][f"quest d={d:g}"]["accuracy"] for n, d in lost})
+        text += (f" Quest at the same kept fraction loses ({', '.join(f'{x:.0%}' for x in q)} exact match on "
+                 f"{len(lost)} of {len(ffd_rows)} runs); likely cause (inferred, not measured): its per-channel "
+                 f"min/max key bounds cannot rank pages of {c.lm_page_size} tokens whose keys are +-1 codes or "
+                 "fast-rotating RoPE pairs, since almost every channel spans both signs inside every page.")
+    return text
+
+
+def run(c: Config, workdir: pathlib.Path) -> dict:
+    workdir = pathlib.Path(workdir)
+    steps = len(c.needle_gaps) * len(c.deltas) + len(c.deltas) + len(c.workloads) * (1 + len(c.lm_deltas))
+    bar = tqdm.tqdm(total=steps, desc="ffd", disable=not c.progress)
+    part1 = _part1(c, bar)
+    part2 = _part2(c, bar)
+    workloads = lc.build(c.workloads, vocab_size=c.vocab_size, record_size=c.record_size, tune=c.tune,
+                         workdir=workdir if c.checkpoint else None, progress=c.progress)
+    results = {name: workload_study(c, wl, bar) for name, wl in workloads.items()}
+    bar.close()
+    kchecks = kernel_checks(c, part1, part2)
+    wchecks = {name: workload_checks(c, name, r) for name, r in results.items()}
+    verdict, reproduced = _verdict(c, part1, part2, results, kchecks, wchecks)
+    checks = [dict(ch.as_dict(), workload=None) for ch in kchecks]
+    checks += [dict(ch.as_dict(), workload=name) for name, chs in wchecks.items() for ch in chs]
+    summary = {f"{name}_{k}": r["rows"][key][field] for name, r in results.items()
+               for k, key, field in (("dense_accuracy", "dense", "accuracy"),
+                                     ("ffd_accuracy", f"ffd d={c.main_delta:g}", "accuracy"),
+                                     ("ffd_kept", f"ffd d={c.main_delta:g}", "kept"))}
     plots = [_plot_part1(part1, c, workdir), _plot_part2(part2, workdir)]
-    if part3:
-        plots.append(_plot_part3(part3, workdir))
+    if results:
+        plots.append(_plot_end_to_end(c, results, workdir))
     return {
-        "metrics": {"error_vs_delta": part1, "adaptivity": part2, "end_to_end": part3,
-                    "claims": {"accurate": accurate, "monotone": monotone, "bound": bound, "adaptive": adaptive}},
+        "metrics": {**summary, "checks": checks, "error_vs_delta": part1, "adaptivity": part2,
+                    "end_to_end": results},
         "verdict": verdict,
         "reproduced": reproduced,
         "plots": plots,
@@ -372,14 +520,27 @@ def _plot_part2(part2, workdir: pathlib.Path) -> str:
     return report.savefig(fig, workdir / "adaptivity.png")
 
 
-def _plot_part3(part3, workdir: pathlib.Path) -> str:
+def _plot_end_to_end(c: Config, results: dict, workdir: pathlib.Path) -> str:
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    names = list(part3["rows"])
-    ax.bar(range(len(names)), [part3["rows"][n]["accuracy"] for n in names])
-    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-    ax.set(ylabel="last-query accuracy", ylim=(0, 1), title="tiny MQAR LM: decode attention variants")
-    return report.savefig(fig, workdir / "end_to_end.png")
+    names = list(results)
+    fig, axes = plt.subplots(1, len(names), figsize=(4.4 * len(names), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        rows = results[name]["rows"]
+        for method, style, label in (("ffd", "o-", "FFD top-delta"), ("top_k", "s--", "global top-k"),
+                                     ("quest", "^:", "Quest")):
+            pts = sorted((rows[f"{method} d={d:g}"]["kept"], rows[f"{method} d={d:g}"]["accuracy"])
+                         for d in c.lm_deltas)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=label)
+        for d in c.lm_deltas:
+            row = rows[f"ffd d={d:g}"]
+            ax.annotate(f"delta={d:g}", (row["kept"], row["accuracy"]), fontsize=7, xytext=(3, -10),
+                        textcoords="offset points")
+        ax.axhline(results[name]["dense_accuracy"], color="gray", ls=":", label="dense")
+        ax.set(xlabel="kept page fraction", ylabel="greedy exact match", ylim=(-0.02, 1.05), xlim=(0, 1),
+               title=f"{name}: {c.context_len} tokens, pages of {c.lm_page_size}")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    return report.savefig(fig, workdir / "accuracy_vs_kept.png")
 
 
 EXPERIMENT = registry.Experiment(
@@ -387,13 +548,13 @@ EXPERIMENT = registry.Experiment(
     config_cls=Config,
     presets={
         "smoke": lambda: Config(batch=2, tokens=1024, kv_heads=2, group=2, head_dim=32, page_size=64,
-                                deltas=(2.0, 5.0), lm_context=64, lm_pairs=4, lm_queries=2, lm_page_size=8,
-                                lm_d_model=32, lm_layers=1, lm_heads=2, lm_kv_heads=1, lm_steps=4, lm_batch=8,
-                                lm_eval=16, lm_deltas=(5.0,), lm=False, progress=False),  # the LM route: transformer tests
+                                deltas=(2.0, 5.0), workloads=("record",), vocab_size=512, context_len=160,
+                                answer_len=8, lm_page_size=16, lm_deltas=(5.0,), checkpoint=False,
+                                progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(batch=4, tokens=65536, kv_heads=8, group=4, head_dim=128, lm_context=2048,
-                                lm_pairs=32, lm_page_size=64, lm_d_model=128, lm_layers=4, lm_heads=8, lm_steps=6000,
-                                lm_batch=32),
+        "paper": lambda: Config(batch=4, tokens=65536, kv_heads=8, group=4, head_dim=128, vocab_size=32768,
+                                context_len=16384, num_prompts=8, answer_len=32, lm_page_size=128,
+                                tune=dataclasses.replace(lc.TuneConfig(), steps=400)),
     },
     run=run,
 )
