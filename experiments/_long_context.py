@@ -22,8 +22,7 @@ from `models.induction` with the task it is measured on:
     `algorithms.training.fit` and is checkpointed under ``workdir/tuned-<fingerprint>``, so a second
     run with the same settings loads it instead of training again.
 
-`dense_accuracy` is greedy exact match of the answers with plain dense decoding: every sparse method
-is measured on a workload only after this shows the workload retrieves.
+The experiments measure each workload's dense greedy exact match before any sparse method runs on it.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ import numpy as np
 import optax
 
 from algorithms import training
-from algorithms.decoding import generate
 from experiments.tasks.span_copy import SpanCopyTask
 from models.induction import InductionSpec, fingerprint, induction_lm, perturbed
 
@@ -138,24 +136,3 @@ def build(names, *, vocab_size: int, record_size: int, tune: TuneConfig, workdir
                     f"{tune.steps} steps (final answer loss {history[-1]['loss']:.3f})")
         out[name] = Workload(name, model, task, fingerprint(model), desc)
     return out
-
-
-def dense_accuracy(model, task: SpanCopyTask, *, context_len: int, batch_size: int, answer_len: int,
-                   index: int = 0) -> float:
-    """Greedy exact match per answer token with plain dense decoding."""
-    p = task.prompts(index, batch_size=batch_size, context_len=context_len, answer_len=answer_len)
-    out = generate(model, jnp.asarray(p["prompts"]), max_new_tokens=answer_len)
-    return float(np.mean(np.asarray(out.tokens) == p["answers"]))
-
-
-def attention_sharpness(model, task: SpanCopyTask, *, context_len: int, batch_size: int = 2) -> list[float]:
-    """Per layer, the mean over heads and prompts of the largest softmax weight of the last prompt token
-    (1.0 = one key takes all the attention): how hand-sharp a workload's attention is."""
-    p = task.prompts(7, batch_size=batch_size, context_len=context_len, answer_len=4)
-    prompts = jnp.asarray(p["prompts"])
-    out = model(prompts, cache=model.init_cache(batch_size, context_len), score_rows=(context_len - 1,),
-                logits_at=jnp.full((batch_size, 1), context_len - 1))
-    tau = 1.0 / np.sqrt(model.config.resolved_head_dim)
-    s, lse = out.intermediates["attn_scores"][:, :, :, 0], out.intermediates["attn_lse"][..., -1]
-    w = jnp.exp(tau * s - lse[..., None])
-    return [float(x) for x in jnp.max(w, axis=-1).mean(axis=(1, 2))]

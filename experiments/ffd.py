@@ -426,7 +426,7 @@ def _reading(c: Config, results: dict) -> str:
     rows = {n: r["rows"] for n, r in results.items()}
     ffd_rows = [(n, d, rows[n][f"ffd d={d:g}"]) for n in rows for d in c.lm_deltas]
     per_layer = np.array([r["kept_per_layer"] for _, _, r in ffd_rows])
-    text = (f"FFD's kept fraction per layer over all runs: "
+    text = ("FFD's kept fraction per layer over all runs: "
             + ", ".join(f"layer {i + 1} {lo:.1%}-{hi:.1%}" for i, (lo, hi) in
                         enumerate(zip(per_layer.min(0), per_layer.max(0))))
             + " (layer 1's previous-token heads peak on the previous token, in the exact current page or the last "
