@@ -17,10 +17,11 @@ The pieces, each usable alone:
   * `Checkpointer`: orbax `CheckpointManager` saving the train state together
     with JSON metadata (the data position and the metric history), restoring
     onto the same shardings.
-  * `fit(...)`: the loop tying them together, with a tqdm progress bar and
-    automatic resume from `workdir`: a run interrupted after a checkpoint ends
-    with the same parameters as an uninterrupted one (tested), because data is
-    drawn by position (`batch_fn(position)`) and the position is checkpointed.
+  * `fit(...)`: ties them together through the shared loop `algorithms._loop.run_loop`
+    (tqdm progress bar, periodic checkpoints, automatic resume from `workdir`):
+    a run interrupted after a checkpoint ends with the same parameters as an
+    uninterrupted one (tested), because data is drawn by position
+    (`batch_fn(position)`) and the position is checkpointed.
   * `initialize_distributed()`: the one place multi-host runs call
     `jax.distributed.initialize()`; the same command runs on every host.
 
@@ -45,6 +46,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from algorithms._loop import run_loop
 from models.transformer import DEFAULT_LOGICAL_AXIS_RULES
 
 __all__ = [
@@ -428,30 +430,14 @@ def fit(
     Returns:
       FitResult.
     """
-    from tqdm.auto import tqdm
-
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1; got {num_steps}")
     optimizer = make_optimizer(optimizer_config)
     mesh = None if mesh_config is None else make_mesh(mesh_config)
     rules = DEFAULT_LOGICAL_AXIS_RULES if mesh_config is None else mesh_config.logical_axis_rules
     graphdef, state, shardings = init_train_state(model_fn, optimizer, seed=seed, mesh=mesh, rules=rules)
-    step_fn = make_train_step(graphdef, optimizer, loss_fn=loss_fn, shardings=shardings, mesh=mesh,
-                              schedule=optimizer_config.schedule())
-
-    ckpt = None if workdir is None else Checkpointer(pathlib.Path(workdir) / "ckpt")
-    history: list[dict[str, float]] = []
-    position, resumed_from = 0, None
-    if ckpt is not None and ckpt.latest_step() is not None:
-        saved = ckpt.latest_step()
-        state, meta = ckpt.restore(state, shardings)
-        if meta.get("fingerprint") != fingerprint:
-            ckpt.close()
-            raise ValueError(
-                f"the checkpoint at step {saved} in {ckpt.directory} belongs to a run with different settings "
-                f"(saved fingerprint {meta.get('fingerprint')!r}, this run {fingerprint!r}); use a fresh workdir"
-            )
-        position, history, resumed_from = int(meta["data_position"]), list(meta["history"]), int(state.step)
+    train_step = make_train_step(graphdef, optimizer, loss_fn=loss_fn, shardings=shardings, mesh=mesh,
+                                 schedule=optimizer_config.schedule())
 
     def put(batch):
         arrays = {k: np.asarray(v) for k, v in batch.items()}
@@ -459,32 +445,30 @@ def fit(
             return arrays
         return jax.device_put(arrays, batch_sharding(mesh))
 
-    end = num_steps if stop_after is None else min(num_steps, stop_after)
-    start = int(state.step)
-    bar = tqdm(total=num_steps, initial=start, desc=desc, disable=not progress, leave=False)
-    t_last, examples = time.perf_counter(), 0
-    try:
-        for step in range(start, end):
-            batch = batch_fn(position)
-            examples += len(next(iter(batch.values())))
-            state, metrics = step_fn(state, put(batch))
-            position += 1
-            done = step + 1
-            if done % log_every == 0 or done == end:
-                row = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                now = time.perf_counter()
-                row.update(step=done, examples_per_s=examples / max(now - t_last, 1e-9))
-                t_last, examples = now, 0
-                history.append(row)
-                bar.set_postfix(loss=f"{row['loss']:.4f}")
-            if ckpt is not None and (done % checkpoint_every == 0 or done == end):
-                ckpt.save(done, state, {"data_position": position, "history": history, "fingerprint": fingerprint})
-            bar.update(1)
-    finally:
-        bar.close()
-        if ckpt is not None:
-            ckpt.close()
-    return FitResult(graphdef, state, history, resumed_from)
+    # Throughput between logged rows; the data position is the step index.
+    clock = {"t": None, "examples": 0}
+
+    def step_fn(state, position):
+        if clock["t"] is None:
+            clock["t"] = time.perf_counter()
+        batch = batch_fn(position)
+        clock["examples"] += len(next(iter(batch.values())))
+        return train_step(state, put(batch))
+
+    def row_fn(done, metrics):
+        now = time.perf_counter()
+        row = dict(metrics, step=done, examples_per_s=clock["examples"] / max(now - clock["t"], 1e-9))
+        clock["t"], clock["examples"] = now, 0
+        return row
+
+    out = run_loop(
+        step_fn, state, num_steps=num_steps, stop_after=stop_after,
+        checkpointer=None if workdir is None else Checkpointer(pathlib.Path(workdir) / "ckpt"),
+        shardings=shardings, checkpoint_every=checkpoint_every,
+        checkpoint_meta=lambda done: {"data_position": done}, fingerprint=fingerprint,
+        log_every=log_every, row_fn=row_fn, progress=progress, desc=desc,
+        postfix=lambda row: {"loss": f"{row['loss']:.4f}"})
+    return FitResult(graphdef, out.state, out.history, out.resumed_from)
 
 
 def initialize_distributed(

@@ -79,7 +79,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import time
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -88,6 +87,7 @@ import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
+from algorithms._loop import run_loop
 from primitives.malliavin import brownian_increments, euler_maruyama, malliavin_adjoint, malliavin_first_variation
 
 __all__ = [
@@ -664,12 +664,20 @@ def _schedule(learning_rate: float, num_episodes: int, lr_decay: float):
     return optax.cosine_decay_schedule(learning_rate, num_episodes, alpha=lr_decay)
 
 
-def _progress(iterable, *, enabled: bool, desc: str):
-    if not enabled:
-        return iterable
-    from tqdm.auto import tqdm
+def _run_episodes(update, params, opt_state, keys, *, log_every: int, progress: bool, desc: str) -> TrainResult:
+    """`update(params, opt_state, key) -> (params, opt_state, aux)` once per key, through `run_loop`.
 
-    return tqdm(iterable, desc=desc, leave=False)
+    Logs episode 0, every `log_every`-th after it and the last; the time per episode excludes the first
+    (compiling) one.
+    """
+    def step_fn(carry, i):
+        p, s, aux = update(*carry, keys[i])
+        return (p, s), aux
+
+    out = run_loop(step_fn, (params, opt_state), num_steps=len(keys), log_every=log_every, log_offset=1,
+                   row_fn=lambda done, metrics: {"episode": done - 1, **metrics}, progress=progress, desc=desc)
+    history = {k: np.asarray([row[k] for row in out.history]) for k in out.history[0]}
+    return TrainResult(out.state[0], history, out.seconds_per_step)
 
 
 @functools.lru_cache(maxsize=32)
@@ -734,20 +742,8 @@ def train_path_follower(problem: TVSOProblem, sde: NeuralSDE, x0: jax.Array, ts:
     keys = jax.random.split(kloop, num_episodes)
     if compiler_options is not None:
         update = update.lower(params, state, keys[0], x0, ts).compile(compiler_options)
-    history: dict[str, list] = {"episode": []}
-    start = None
-    for i in _progress(range(num_episodes), enabled=progress, desc=f"{method}:{problem.name}"):
-        params, state, aux = update(params, state, keys[i], x0, ts)
-        if i == 0:
-            jax.block_until_ready(params)
-            start = time.perf_counter()
-        if i % log_every == 0 or i == num_episodes - 1:
-            history["episode"].append(i)
-            for name, value in aux.items():
-                history.setdefault(name, []).append(float(value))
-    jax.block_until_ready(params)
-    per_episode = (time.perf_counter() - start) / max(num_episodes - 1, 1)
-    return TrainResult(params, {k: np.asarray(v) for k, v in history.items()}, per_episode)
+    return _run_episodes(lambda p, s, k: update(p, s, k, x0, ts), params, state, keys, log_every=log_every,
+                         progress=progress, desc=f"{method}:{problem.name}")
 
 
 # ----------------------------------------------------------------------------- PSG baseline
@@ -893,20 +889,8 @@ def fit_parametric_path(problem: TVSOProblem, x0: jax.Array, ts: jax.Array, key:
     keys = jax.random.split(key, num_episodes)
     if compiler_options is not None:
         update = update.lower(coeffs, state, keys[0]).compile(compiler_options)
-    history: dict[str, list] = {"episode": []}
-    start = None
-    for i in _progress(range(num_episodes), enabled=progress, desc=f"parametric:{problem.name}"):
-        coeffs, state, aux = update(coeffs, state, keys[i])
-        if i == 0:
-            jax.block_until_ready(coeffs)
-            start = time.perf_counter()
-        if i % log_every == 0 or i == num_episodes - 1:
-            history["episode"].append(i)
-            for name, value in aux.items():
-                history.setdefault(name, []).append(float(value))
-    jax.block_until_ready(coeffs)
-    per_episode = (time.perf_counter() - start) / max(num_episodes - 1, 1)
-    return TrainResult(coeffs, {k: np.asarray(v) for k, v in history.items()}, per_episode)
+    return _run_episodes(update, coeffs, state, keys, log_every=log_every, progress=progress,
+                         desc=f"parametric:{problem.name}")
 
 
 # ----------------------------------------------------------------------------- metrics

@@ -80,6 +80,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from algorithms._loop import run_loop
 from algorithms.decoding.generate import generate
 from algorithms.training import Checkpointer, FitResult, TrainState
 from primitives import policy_losses as pl
@@ -498,43 +499,23 @@ def train(*, graphdef: nnx.GraphDef, params: Any, optimizer: optax.GradientTrans
     Returns:
       RLResult.
     """
-    from tqdm.auto import tqdm
-
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1; got {num_steps}")
     if config.kl_coef > 0 and ref_params is None:
         ref_params = jax.tree.map(jnp.copy, params)
-    state = init_state(params, optimizer)
     base_key = jax.random.key(seed)
-    ckpt = None if workdir is None else Checkpointer(pathlib.Path(workdir) / "ckpt")
-    history: list[dict[str, float]] = []
-    start, resumed_from = 0, None
-    if ckpt is not None and ckpt.latest_step() is not None:
-        saved = ckpt.latest_step()
-        state, meta = ckpt.restore(state)
-        if meta.get("fingerprint") != fingerprint:
-            ckpt.close()
-            raise ValueError(
-                f"the checkpoint at iteration {saved} in {ckpt.directory} belongs to a run with different "
-                f"settings (saved fingerprint {meta.get('fingerprint')!r}, this run {fingerprint!r}); "
-                f"use a fresh workdir")
-        start, history, resumed_from = int(meta["iteration"]), list(meta["history"]), int(meta["iteration"])
-    end = num_steps if stop_after is None else min(num_steps, stop_after)
-    bar = tqdm(total=num_steps, initial=start, desc=desc, disable=not progress, leave=False)
-    try:
-        for it in range(start, end):
-            state, metrics, _ = rl_step(state, prompt_fn(it), jax.random.fold_in(base_key, it), graphdef=graphdef,
-                                        optimizer=optimizer, config=config, reward_fn=reward_fn,
-                                        advantage_fn=advantage_fn, ref_params=ref_params)
-            done = it + 1
-            if done % log_every == 0 or done == end:
-                history.append(dict(metrics, iteration=done))
-                bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", ent=f"{metrics['entropy']:.3f}")
-            if ckpt is not None and (done % checkpoint_every == 0 or done == end):
-                ckpt.save(done, state, {"iteration": done, "history": history, "fingerprint": fingerprint})
-            bar.update(1)
-    finally:
-        bar.close()
-        if ckpt is not None:
-            ckpt.close()
-    return RLResult(graphdef, state, history, resumed_from)
+
+    def step_fn(state, it):
+        state, metrics, _ = rl_step(state, prompt_fn(it), jax.random.fold_in(base_key, it), graphdef=graphdef,
+                                    optimizer=optimizer, config=config, reward_fn=reward_fn,
+                                    advantage_fn=advantage_fn, ref_params=ref_params)
+        return state, metrics
+
+    out = run_loop(
+        step_fn, init_state(params, optimizer), num_steps=num_steps, stop_after=stop_after,
+        checkpointer=None if workdir is None else Checkpointer(pathlib.Path(workdir) / "ckpt"),
+        checkpoint_every=checkpoint_every, checkpoint_meta=lambda done: {"iteration": done},
+        fingerprint=fingerprint, log_every=log_every, row_fn=lambda done, m: dict(m, iteration=done),
+        progress=progress, desc=desc,
+        postfix=lambda row: {"reward": f"{row['reward_mean']:.3f}", "ent": f"{row['entropy']:.3f}"})
+    return RLResult(graphdef, out.state, out.history, out.resumed_from)
