@@ -7,6 +7,7 @@
     python -m experiments run vegas,ffd --preset quick  # a subset
     python -m experiments report                        # rebuild results/REPORT.md
     python -m experiments catalog --markdown            # the README's paper table
+    python -m experiments bench --only decode,generate  # benchmarks (experiments/bench.py)
 
 Config field overrides after the slug are parsed by tyro against the
 experiment's config dataclass, starting from the chosen preset
@@ -117,10 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--preset", default="quick", choices=registry.PRESETS)
     p_run.add_argument("--results-dir", default="results")
     p_run.add_argument("--workdir", default=None, help="override the run directory (default results/<slug>/<preset>)")
+    sub.add_parser("bench", help="run the benchmarks (kernels and models); options: bench --help", add_help=False)
     p_rep = sub.add_parser("report", help="rebuild results/REPORT.md from result files")
     p_rep.add_argument("--results-dir", default="results")
 
     args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        from experiments import bench
+
+        bench.main(rest)
+        return 0
     if args.command != "run" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:

@@ -3,6 +3,16 @@
 Dimension legend: `L` layers, `b` batch, `S` cache capacity (max tokens),
 `k` key/value heads, `d` head dim, `T` tokens appended in one call.
 
+Axis order (`KVCache.layout`, static): "bskd" stores each layer's keys and
+values token-major [b, S, k, d]; "bksd" head-major [b, k, S, d]. The maths is
+the same; what differs is which reads are contiguous. A decode step reads every
+cached key of a head against that head's queries, and XLA's CPU dot over the
+strided head axis of "bskd" runs about 6x slower than over "bksd" at 64k tokens
+(`python -m pallas_kernels.bench --only decode` measures both in one run), so
+the decoder LM's default is "bksd" on CPU. On GPU and TPU the default stays
+"bskd", the order the Pallas kernels were tuned on (both orders are supported
+by every kernel; no accelerator measurement has chosen between them yet).
+
 The cache is a plain NamedTuple, so it passes through `jax.jit`,
 `lax.while_loop` and `lax.scan` carries unchanged. One mechanism covers the
 three uses the papers need:
@@ -20,66 +30,98 @@ append that does not fit cannot overwrite valid entries.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["KVCache", "init_cache", "write_tokens", "truncate"]
+from primitives.attention import KV_LAYOUTS, default_kv_layout, kv_token_axis
+
+__all__ = ["KVCache", "KV_LAYOUTS", "default_kv_layout", "init_cache", "write_tokens", "truncate", "token_major"]
 
 
-class KVCache(NamedTuple):
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["keys", "values", "lengths"],
+                   meta_fields=["layout"])
+@dataclasses.dataclass(frozen=True)
+class KVCache:
     """Per-layer keys and values plus the number of valid entries per sequence.
 
+    A pytree whose `layout` is static metadata, so it passes through `jax.jit` and loop carries.
+
     Attributes:
-      keys: tuple of L arrays [b, S, k, d].
-      values: tuple of L arrays [b, S, k, d].
+      keys: tuple of L arrays [b, S, k, d] ("bskd") or [b, k, S, d] ("bksd").
+      values: tuple of L arrays, the keys' shape.
       lengths: [b] int32, valid entries per sequence.
+      layout: "bskd" or "bksd", the axis order of keys and values.
     """
 
     keys: tuple[jax.Array, ...]
     values: tuple[jax.Array, ...]
     lengths: jax.Array
+    layout: str = "bskd"
+
+    def __post_init__(self):
+        kv_token_axis(self.layout)  # validates
 
     @property
     def capacity(self) -> int:
-        return self.keys[0].shape[1]
+        return self.keys[0].shape[kv_token_axis(self.layout)]
 
     @property
     def batch_size(self) -> int:
         return self.lengths.shape[0]
 
+    def replace(self, **changes) -> "KVCache":
+        """A copy with the given fields replaced (e.g. `cache.replace(lengths=...)`)."""
+        return dataclasses.replace(self, **changes)
+
 
 def init_cache(
-    *, num_layers: int, batch_size: int, capacity: int, num_kv_heads: int, head_dim: int, dtype=jnp.float32
+    *, num_layers: int, batch_size: int, capacity: int, num_kv_heads: int, head_dim: int, dtype=jnp.float32,
+    layout: str = "bskd",
 ) -> KVCache:
-    """An empty cache (all lengths 0) with room for `capacity` tokens per sequence."""
+    """An empty cache (all lengths 0) with room for `capacity` tokens per sequence, in `layout`."""
     for name, value in (("num_layers", num_layers), ("batch_size", batch_size), ("capacity", capacity)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1; got {value}")
-    shape = (batch_size, capacity, num_kv_heads, head_dim)
-    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
-    return KVCache(keys=zeros, values=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-                   lengths=jnp.zeros((batch_size,), jnp.int32))
+    kv_token_axis(layout)
+    shape = ((batch_size, capacity, num_kv_heads, head_dim) if layout == "bskd"
+             else (batch_size, num_kv_heads, capacity, head_dim))
+    return KVCache(keys=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+                   values=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+                   lengths=jnp.zeros((batch_size,), jnp.int32), layout=layout)
 
 
-def write_tokens(buffer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-    """Writes new[b, j] to buffer[b, start[b] + j]; indices past the capacity are dropped.
+def write_tokens(buffer: jax.Array, new: jax.Array, start: jax.Array, *, layout: str = "bskd") -> jax.Array:
+    """Writes new[b, j] to token index start[b] + j of buffer; indices past the capacity are dropped.
 
     Args:
-      buffer: [b, S, ...] cache buffer.
-      new: [b, T, ...] entries to write.
-      start: [b] first index to write per sequence.
+      buffer: [b, S, k, d] ("bskd"; any trailing dims) or [b, k, S, d] ("bksd") cache buffer.
+      new: [b, T, k, d] entries to write (token-major, as the projections produce them).
+      start: [b] first token index to write per sequence.
+      layout: the buffer's axis order.
 
     Returns:
-      The updated buffer [b, S, ...].
+      The updated buffer, buffer's shape.
     """
     b, t = new.shape[:2]
-    rows = jnp.arange(b)[:, None]
-    cols = start[:, None] + jnp.arange(t)[None, :]
-    return buffer.at[rows, cols].set(new.astype(buffer.dtype), mode="drop")
+    cols = start[:, None] + jnp.arange(t)[None, :]  # [b, T]
+    if kv_token_axis(layout) == 1:
+        return buffer.at[jnp.arange(b)[:, None], cols].set(new.astype(buffer.dtype), mode="drop")
+    heads = jnp.arange(buffer.shape[1])[None, :, None]
+    return buffer.at[jnp.arange(b)[:, None, None], heads, cols[:, None, :]].set(
+        jnp.swapaxes(new, 1, 2).astype(buffer.dtype), mode="drop")
+
+
+def token_major(x: jax.Array, layout: str) -> jax.Array:
+    """One layer's keys or values as [b, S, k, d] (a transpose, i.e. a copy, for "bksd").
+
+    For consumers that only exist in token-major form; the decode paths read both orders natively.
+    """
+    return x if kv_token_axis(layout) == 1 else jnp.swapaxes(x, 1, 2)
 
 
 def truncate(cache: KVCache, lengths: jax.Array) -> KVCache:
     """Rolls the cache back to `lengths` [b] (must not exceed the current lengths)."""
-    return cache._replace(lengths=jnp.minimum(cache.lengths, lengths.astype(jnp.int32)))
+    return cache.replace(lengths=jnp.minimum(cache.lengths, lengths.astype(jnp.int32)))

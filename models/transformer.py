@@ -37,7 +37,9 @@ The FFN is a pluggable slot: `TransformerConfig.ffn_type` names a factory in
 
 KV cache: pass a `KVCache` (see `models.kv_cache`) to append `t` tokens per
 sequence at positions `cache.lengths + arange(t)`; the same call serves
-prefill, one-token decode and multi-token append. Every parameter carries
+prefill, one-token decode and multi-token append. The cache's axis order
+(`TransformerConfig.kv_layout`, token-major "bskd" or head-major "bksd") is
+chosen per backend by measurement and read as stored by every decode path. Every parameter carries
 logical axis names (`out_sharding` metadata) that `algorithms.training` maps to
 a device mesh.
 
@@ -58,7 +60,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.kv_cache import KVCache, init_cache, write_tokens
+from models.kv_cache import KVCache, default_kv_layout, init_cache, token_major, write_tokens
 from pallas_kernels import decode_attention as decode_kernel
 from pallas_kernels import ffd_decode as ffd_kernel
 from pallas_kernels import grouped_matmul as gmm_kernel
@@ -115,6 +117,10 @@ class TransformerConfig:
       ffn_activation: "silu" or "gelu" for the gated FFN.
       dtype: compute dtype ("float32" or "bfloat16"); parameters stay float32.
       init_std: std of the embedding init; other weights use 1/sqrt(fan_in).
+      kv_layout: axis order of the KV cache `init_cache` creates: "bskd" ([b, S, k, d]) or "bksd"
+        ([b, k, S, d]); None = `models.kv_cache.default_kv_layout()`, the order measured fastest on
+        the default backend ("bksd" on CPU). Every path reads the cache in the order it was
+        created in, so this changes speed, not results.
       decode_attention: how one-token decode steps over the KV cache attend: "dense" (the
         reference attention, the default), "kernel" (the split-K `pallas_kernels.decode_attention`
         dispatcher) or "ffd" (Faster Flash Decoding through `pallas_kernels.ffd_decode`: the cache
@@ -154,6 +160,7 @@ class TransformerConfig:
     ffn_activation: str = "silu"
     dtype: str = "float32"
     init_std: float = 0.02
+    kv_layout: str | None = None
     decode_attention: str = "dense"
     ffd_delta: float = 5.0
     ffd_page_size: int = 64
@@ -188,6 +195,8 @@ class TransformerConfig:
             raise ValueError(f"ffn_activation must be one of {sorted(_ACTIVATIONS)}; got {self.ffn_activation!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16; got {self.dtype!r}")
+        if self.kv_layout is not None and self.kv_layout not in attn_lib.KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be None or one of {attn_lib.KV_LAYOUTS}; got {self.kv_layout!r}")
         if self.decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}; got {self.decode_attention!r}")
         if self.ffd_selector not in FFD_SELECTORS:
@@ -213,6 +222,10 @@ class TransformerConfig:
         if self.moe_implementation is not None and self.moe_implementation not in gmm_kernel.IMPLEMENTATIONS:
             raise ValueError(f"moe_implementation must be None or one of {gmm_kernel.IMPLEMENTATIONS}; "
                              f"got {self.moe_implementation!r}")
+
+    @property
+    def resolved_kv_layout(self) -> str:
+        return default_kv_layout() if self.kv_layout is None else self.kv_layout
 
     @property
     def resolved_moe_d_ff(self) -> int:
@@ -351,6 +364,7 @@ class Attention(nnx.Module):
         segment_ids: jax.Array | None = None,
         layer_cache: tuple[jax.Array, jax.Array] | None = None,
         cache_lengths: jax.Array | None = None,
+        kv_layout: str = "bskd",
         head_mask: jax.Array | None = None,
         head_delta: jax.Array | None = None,
         score_rows: tuple[int, ...] | None = None,
@@ -359,7 +373,8 @@ class Attention(nnx.Module):
         """Returns (output [b, t, D], head outputs [b, t, h, d], updated (k, v) cache or None, extras).
 
         `extras` holds `scores` [b, h, R, S] and `lse` [b, h, t] when `score_rows` is given (with a
-        cache); `sparse_decode` is (select bound to this layer, recent_start, max_recent).
+        cache); `sparse_decode` is (select bound to this layer, recent_start, max_recent);
+        `kv_layout` is the axis order of `layer_cache` (read as stored, never transposed).
         """
         wq, wk, wv, wo = (w[...].astype(self.dtype) for w in (self.wq, self.wk, self.wv, self.wo))
         q = attn_lib.rope(jnp.einsum("btD,Dhd->bthd", x, wq), positions, base=self.rope_base)
@@ -372,37 +387,41 @@ class Attention(nnx.Module):
                 q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
             )
         else:
-            k_all = write_tokens(layer_cache[0], k, cache_lengths)
-            v_all = write_tokens(layer_cache[1], v, cache_lengths)
+            k_all = write_tokens(layer_cache[0], k, cache_lengths, layout=kv_layout)
+            v_all = write_tokens(layer_cache[1], v, cache_lengths, layout=kv_layout)
             new_cache = (k_all, v_all)
             k_all, v_all = k_all.astype(self.dtype), v_all.astype(self.dtype)
             if score_rows is not None:
-                res = vegas_kernel.verify_attention(q, k_all, v_all, positions, rows=tuple(score_rows))
+                res = vegas_kernel.verify_attention(q, k_all, v_all, positions, rows=tuple(score_rows),
+                                                    kv_layout=kv_layout)
                 heads, extras = res.out, {"scores": res.scores, "lse": res.lse}
             elif sparse_decode is not None:
                 select, recent_start, max_recent = sparse_decode
-                indices, valid = select(q[:, 0], k_all)
+                # Drafters see the keys token-major (a view: the built-in ones read only its shape).
+                indices, valid = select(q[:, 0], token_major(k_all, kv_layout))
                 heads = vegas_kernel.sparse_decode_attention(
                     q[:, 0], k_all, v_all, indices, valid, recent_start, cache_lengths + 1,
-                    max_recent=max_recent)[:, None]
+                    max_recent=max_recent, kv_layout=kv_layout)[:, None]
             elif x.shape[1] == 1 and self.decode_mode != "dense":
-                heads = self._decode_step(q[:, 0], k_all, v_all, cache_lengths + 1)[:, None]
+                heads = self._decode_step(q[:, 0], k_all, v_all, cache_lengths + 1, kv_layout)[:, None]
             else:
                 # Entries past the valid length lie after every valid query's position,
                 # so the causal mask alone hides them.
-                heads = attn_lib.attention(q, k_all, v_all, causal=True, q_positions=positions)
+                heads = attn_lib.attention(q, k_all, v_all, causal=True, q_positions=positions,
+                                           kv_layout=kv_layout)
         if head_mask is not None:
             heads = heads * _per_head(head_mask).astype(heads.dtype)
         if head_delta is not None:
             heads = heads + _per_head_vector(head_delta).astype(heads.dtype)
         return jnp.einsum("bthd,hdD->btD", heads, wo), heads, new_cache, extras
 
-    def _decode_step(self, q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array) -> jax.Array:
+    def _decode_step(self, q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array,
+                     kv_layout: str) -> jax.Array:
         """One query per sequence over its cache, through the configured kernel dispatcher."""
         if self.decode_mode == "kernel":
-            return decode_kernel.decode_attention(q, k, v, lengths)
+            return decode_kernel.decode_attention(q, k, v, lengths, kv_layout=kv_layout)
         delta, page_size, bits, selector, fraction = self.ffd
-        cache = ffd_lib.build_cache(k, v, lengths, page_size=page_size, bits=bits)
+        cache = ffd_lib.build_cache(k, v, lengths, page_size=page_size, bits=bits, layout=kv_layout)
         if selector == "top_delta":
             out = ffd_kernel.ffd_decode(q, cache, delta=float(delta))
         else:
@@ -490,7 +509,8 @@ class Transformer(nnx.Module):
         """An empty KV cache for this model."""
         c = self.config
         return init_cache(num_layers=c.num_layers, batch_size=batch_size, capacity=capacity,
-                          num_kv_heads=c.num_kv_heads, head_dim=c.resolved_head_dim, dtype=c.compute_dtype)
+                          num_kv_heads=c.num_kv_heads, head_dim=c.resolved_head_dim, dtype=c.compute_dtype,
+                          layout=c.resolved_kv_layout)
 
     def __call__(
         self,
@@ -586,6 +606,7 @@ class Transformer(nnx.Module):
                 segment_ids=segment_ids,
                 layer_cache=None if cache is None else (cache.keys[l], cache.values[l]),
                 cache_lengths=None if cache is None else cache.lengths,
+                kv_layout="bskd" if cache is None else cache.layout,
                 head_mask=None if head_mask is None else head_mask[l],
                 head_delta=None if head_deltas is None else head_deltas[l],
                 router_bias=None if router_biases is None else router_biases[l],
@@ -622,7 +643,7 @@ class Transformer(nnx.Module):
         new_cache = None
         if cache is not None:
             advance = jnp.full((b,), t, jnp.int32) if num_valid is None else num_valid.astype(jnp.int32)
-            new_cache = KVCache(tuple(new_keys), tuple(new_values), cache.lengths + advance)
+            new_cache = KVCache(tuple(new_keys), tuple(new_values), cache.lengths + advance, cache.layout)
         intermediates = None
         if return_intermediates:
             intermediates = {

@@ -14,7 +14,7 @@ the kept page fraction, the relative output error against exact attention, the m
 dense bf16 K/V, and the wall-time ratio of FFD's XLA fast path (``primitives.ffd.fast_ffd_decode``:
 int8 scan of one-byte codes with a proven error bound, exact float check of the candidate pages,
 gathered attention over the kept ones) against every dense XLA decode measured in the same run (the
-library's reference ``decode_attention`` on the model's ``[b, s, k, d]`` cache; head-major einsums
+library's reference ``decode_attention`` on the cache in its default axis order; head-major einsums
 over float32 and bfloat16 K/V; a 16-block split-K head-major decode), with the ratio against the
 fastest of them named explicitly; then, at the first length, the kept fraction, error and dropped
 attention mass for several ``delta`` (``ffd_error_sweep``).
@@ -24,10 +24,14 @@ For Vegas (``pallas_kernels.vegas``): verification attention with two score rows
 sparse decode at S=16384 over K = 5% listed keys plus a 128-key recent window, with the gathered XLA
 path's wall-time and modeled-bytes ratios against the dense masked reference, same inputs and run.
 
-For the MoE FFN (``models.moe.MoEFFN``, top-2 of E=8 and E=32 SwiGLU experts, 2048 tokens, D=256,
-f=512): the forward through the grouped matmul (``"xla"``, i.e. ``jax.lax.ragged_dot``, and the
-``"xla_tiled"`` per-group padded batched matmul) against every expert on every token combined with the
-top-k gate mask (``models.moe.dense_moe_reference``), same inputs and same run, with modeled FLOPs.
+Dense decode roofline (``--only decode``): per cache length and GQA shape, the library's dense decode
+(``primitives.attention.decode_attention`` on the cache in its default axis order) against the same
+maths written other ways (two einsums on either order, a 16-block split-K), all interleaved on the same
+inputs, beside ``sum(K) + sum(V)`` (reading the cache once and nothing else) and a 1 GiB reduction: the
+library's bandwidth, its fraction of that read roofline and its ratio to the fastest alternative.
+
+The model-level benchmarks (``generate`` throughput, the MoE FFN) live in ``experiments/bench.py``
+(``python -m experiments bench`` runs them together with these sections).
 
 With a GPU present, the same command also compiles the Pallas kernels (Triton), checks them against
 the references, reports the dense decode kernel's achieved bandwidth against the copy ceiling and
@@ -41,6 +45,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import platform
 import time
@@ -58,7 +63,6 @@ from pallas_kernels import qvg as qvg_kernels
 from pallas_kernels import vegas as vegas_kernels
 from pallas_kernels.flash_attention import api as flash_api
 from pallas_kernels.flash_attention.cost import flash_cost
-from pallas_kernels.grouped_matmul import cost as gmm_cost_lib
 from primitives import attention as attn_ref
 from primitives import ffd as ffd_ref
 from primitives import quantization as qz
@@ -214,6 +218,111 @@ def _bench_kv_quant(q, k, v, lengths, repeats: int) -> list[dict]:
             _row("kv_quant quantize 4b", f"[{b},{s},{kh},{d}] g64", qc, times["quantize"])]
 
 
+def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """This machine's read bandwidth in bytes/s: the median time of summing a float32 array of `nbytes`."""
+    x = jnp.ones((nbytes // 4,), jnp.float32) * 1.5  # materialized (not a broadcast constant)
+    f = jax.jit(jnp.sum)
+    return nbytes / _timed({"sum": lambda: f(x)}, repeats)["sum"]
+
+
+def _decode_formulations(h: int, kh: int, d: int, layout: str) -> dict:
+    """Dense decode attention, one query token over a float32 cache, written several ways.
+
+    ``library``: ``primitives.attention.decode_attention`` on the cache in the library's default axis
+    order ``layout`` (what the decoder LM's dense decode step runs); ``library_<other>``: the same on the
+    other order. Alternatives (same maths, hand-written): ``einsum_<order>``: scores einsum, softmax,
+    p.v einsum, on either order; ``split16_bksd``: flash-decoding style, 16 key blocks merged by
+    log-sum-exp. ``read``: ``sum(K) + sum(V)``, the cost of reading the cache once and doing nothing
+    else (the roofline of this step, measured interleaved with the others).
+    """
+    scale = 1.0 / math.sqrt(d)
+    other = "bskd" if layout == "bksd" else "bksd"
+
+    def einsum(order):
+        def f(q, k, v, n):
+            qg = q.reshape(q.shape[0], kh, h // kh, d)
+            sc = jnp.einsum(f"bkgd,{order}->bkgs", qg, k) * scale
+            sc = jnp.where(jnp.arange(sc.shape[-1]) < n[:, None, None, None], sc, -jnp.inf)
+            return jnp.einsum(f"bkgs,{order}->bkgd", jax.nn.softmax(sc, axis=-1), v).reshape(q.shape)
+        return f
+
+    def split16(q, k, v, n):  # head-major cache
+        b, s = q.shape[0], k.shape[2]
+        c = 16 if s % 16 == 0 else 1
+        qg = q.reshape(b, kh, h // kh, d)
+        sc = jnp.einsum("bkgd,bkcsd->bkcgs", qg, k.reshape(b, kh, c, -1, d)) * scale
+        pos = jnp.arange(s).reshape(c, -1)[None, None, :, None, :]
+        sc = jnp.where(pos < n[:, None, None, None, None], sc, -jnp.inf)
+        m = jnp.max(sc, axis=-1, keepdims=True)
+        p = jnp.exp(sc - m)
+        o = jnp.einsum("bkcgs,bkcsd->bkcgd", p, v.reshape(b, kh, c, -1, d))
+        a = jnp.exp(m[..., 0] - jnp.max(m[..., 0], axis=2, keepdims=True))
+        return (jnp.sum(o * a[..., None], 2) / jnp.sum(jnp.sum(p, -1) * a, 2)[..., None]).reshape(q.shape)
+
+    lib = lambda order: (lambda q, k, v, n: attn_ref.decode_attention(q, k, v, n, kv_layout=order))
+    fns = {"library": (lib(layout), layout), f"library_{other}": (lib(other), other),
+           "einsum_bksd": (einsum("bksd"), "bksd"), "einsum_bskd": (einsum("bskd"), "bskd"),
+           "split16_bksd": (split16, "bksd"), "read": (lambda q, k, v, n: jnp.sum(k) + jnp.sum(v), layout)}
+    if jax.default_backend() == "gpu":
+        fns["kernel"] = (lambda q, k, v, n: decode_api.decode_attention(
+            q, k, v, n, implementation="pallas_triton", kv_layout=layout), layout)
+    return {name: (jax.jit(f), order) for name, (f, order) in fns.items()}
+
+
+ALTERNATIVES = ("einsum_bksd", "einsum_bskd", "split16_bksd")
+
+
+def bench_decode(token_counts=(2048, 8192, 16384, 32768, 65536), shapes=((32, 8, 128), (16, 2, 128)),
+                 repeats: int = 5, read_bytes: int = 1 << 30) -> dict:
+    """Dense decode roofline: per length and GQA shape, every formulation timed interleaved on the same inputs.
+
+    Per row: milliseconds of each formulation, the K+V bytes one step reads, the library's achieved
+    bandwidth, its fraction of the same-run read roofline (``read`` time / ``library`` time) and its
+    ratio to the fastest hand-written alternative. Also the machine's read bandwidth from a 1 GiB
+    reduction (``read_bandwidth``), for scale.
+    """
+    layout = attn_ref.default_kv_layout()
+    out = {"layout": layout, "read_bandwidth_gb_s": read_bandwidth(read_bytes) / 1e9, "rows": []}
+    for h, kh, d in shapes:
+        fns = _decode_formulations(h, kh, d, layout)
+        for s in token_counts:
+            keys = jax.random.split(jax.random.key(s), 3)
+            q = _normal(keys[0], (1, h, d))
+            tm = {"k": _normal(keys[1], (1, s, kh, d)), "v": _normal(keys[2], (1, s, kh, d))}
+            caches = {"bskd": (tm["k"], tm["v"]), "bksd": tuple(jnp.swapaxes(x, 1, 2) for x in (tm["k"], tm["v"]))}
+            n = jnp.full((1,), s - 1, jnp.int32)
+            want = fns["einsum_bskd"][0](q, *caches["bskd"], n)
+            err = {name: float(jnp.max(jnp.abs(f(q, *caches[order], n) - want)))
+                   for name, (f, order) in fns.items() if name != "read"}
+            times = _timed({name: (lambda f=f, order=order: f(q, *caches[order], n))
+                            for name, (f, order) in fns.items()}, repeats)
+            nbytes = 2 * s * kh * d * 4
+            best = min(ALTERNATIVES, key=times.get)
+            out["rows"].append({
+                "tokens": s, "heads": h, "kv_heads": kh, "head_dim": d, "mbytes": nbytes / 1e6,
+                "ms": {k: v * 1e3 for k, v in times.items()}, "max_abs_err_vs_einsum_bskd": err,
+                "library_gb_s": nbytes / times["library"] / 1e9, "read_gb_s": nbytes / times["read"] / 1e9,
+                "fraction_of_read": times["read"] / times["library"], "fastest_alternative": best,
+                "library_vs_fastest": times["library"] / times[best]})
+            del caches, tm
+    return out
+
+
+def _print_decode(res: dict) -> None:
+    print(f"\nDense decode roofline (float32 cache, b=1; library = primitives.attention.decode_attention on its "
+          f"default '{res['layout']}' order; read = sum(K)+sum(V) in the same run; machine read bandwidth "
+          f"{res['read_bandwidth_gb_s']:.1f} GB/s from a 1 GiB sum)")
+    print(f"{'tokens':>7}{'h/k/d':>11}{'MB':>8}{'library':>9}{'other ord':>10}{'ein bksd':>9}{'ein bskd':>9}"
+          f"{'split16':>9}{'read':>8}{'lib GB/s':>9}{'of read':>8}{'x fastest':>10}")
+    for r in res["rows"]:
+        m = r["ms"]
+        other = next(v for k, v in m.items() if k.startswith("library_"))
+        print(f"{r['tokens']:>7}{str(r['heads']) + '/' + str(r['kv_heads']) + '/' + str(r['head_dim']):>11}"
+              f"{r['mbytes']:>8.0f}{m['library']:>9.2f}{other:>10.2f}{m['einsum_bksd']:>9.2f}{m['einsum_bskd']:>9.2f}"
+              f"{m['split16_bksd']:>9.2f}{m['read']:>8.2f}{r['library_gb_s']:>9.1f}{r['fraction_of_read']:>8.0%}"
+              f"{r['library_vs_fastest']:>10.2f}")
+
+
 def _ffd_problem(tokens: int, seed: int = 0):
     pr = ffd_ref.synthetic_problem(jax.random.key(seed), batch=1, tokens=tokens, kv_heads=8, group=4, head_dim=128,
                                    page_size=128, needles=4, needle_gap=10.0, sink_gap=12.0)
@@ -279,7 +388,11 @@ def bench_ffd(token_counts, delta: float, repeats: int) -> list[dict]:
         dense_errs = {name: float(jnp.max(jnp.abs(f(pr.q, *kv) - exact))) for name, f, kv in
                       (("hm_f32", forms["hm_f32"], (k_hm, v_hm)), ("hm_bf16", forms["hm_bf16"], (k16, v16)),
                        ("hm_split16", forms["hm_split16"], (k_hm, v_hm)))}
-        times = _timed({"dense_ref": lambda: dense_ref(pr.q, pr.keys, pr.values, pr.lengths),
+        # the library's dense decode on the cache in its default order ("bksd" on CPU)
+        lib_kv = (k_hm, v_hm) if attn_ref.default_kv_layout() == "bksd" else (pr.keys, pr.values)
+        dense_lib = jax.jit(lambda q, k, v, n: attn_ref.decode_attention(q, k, v, n,
+                                                                         kv_layout=attn_ref.default_kv_layout()))
+        times = _timed({"dense_ref": lambda: dense_lib(pr.q, *lib_kv, pr.lengths),
                         "hm_f32": lambda: forms["hm_f32"](pr.q, k_hm, v_hm),
                         "hm_bf16": lambda: forms["hm_bf16"](pr.q, k16, v16),
                         "hm_split16": lambda: forms["hm_split16"](pr.q, k_hm, v_hm),
@@ -410,88 +523,67 @@ def bench_gpu(token_counts, delta: float, repeats: int) -> dict:
     return out
 
 
-def bench_moe(expert_counts=(8, 32), repeats: int = 5, *, tokens: int = 2048, d_model: int = 256,
-              d_ff: int = 512, top_k: int = 2) -> list[dict]:
-    """MoE FFN forward: grouped matmul (dropless, sorted by expert) vs the dense all-experts einsum."""
-    from flax import nnx  # local: the other benches do not need the model stack
-
-    from models.moe import MoEFFN, dense_moe_reference
-    from models.transformer import TransformerConfig
-
-    rows = []
-    x = _normal(jax.random.key(1), (1, tokens, d_model))
-    for num_experts in expert_counts:
-        cfg = TransformerConfig(vocab_size=8, d_model=d_model, num_layers=1, num_heads=4, num_kv_heads=4,
-                                d_ff=d_ff, ffn_type="moe", num_experts=num_experts, experts_per_token=top_k)
-        ffn = MoEFFN(cfg, rngs=nnx.Rngs(0))
-        grouped = {}
-        for impl in ("xla", "xla_tiled"):
-            ffn.implementation = impl
-            gd, st = nnx.split(ffn)
-            grouped[impl] = (jax.jit(lambda st, x, gd=gd: nnx.merge(gd, st)(x)[0]), st)
-        gd, st = nnx.split(ffn)
-        dense = jax.jit(lambda st, x: dense_moe_reference(nnx.merge(gd, st), x))
-        want = dense(st, x)
-        err = {k: float(jnp.max(jnp.abs(f(s, x) - want))) for k, (f, s) in grouped.items()}
-        times = _timed({"grouped_xla": lambda: grouped["xla"][0](grouped["xla"][1], x),
-                        "grouped_xla_tiled": lambda: grouped["xla_tiled"][0](grouped["xla_tiled"][1], x),
-                        "dense_einsum": lambda: dense(st, x)}, repeats)
-        n = tokens * top_k  # routed rows
-        # three expert matmuls (gate, up: D -> f; down: f -> D)
-        g = [gmm_cost_lib.gmm_cost(m=n, k=d_model, n=d_ff, num_groups=num_experts)] * 2 + [
-            gmm_cost_lib.gmm_cost(m=n, k=d_ff, n=d_model, num_groups=num_experts)]
-        dn = [gmm_cost_lib.dense_experts_cost(tokens=tokens, k=d_model, n=d_ff, num_groups=num_experts)] * 2 + [
-            gmm_cost_lib.dense_experts_cost(tokens=tokens, k=d_ff, n=d_model, num_groups=num_experts)]
-        rows.append({"experts": num_experts, "top_k": top_k, "tokens": tokens, "d_model": d_model, "d_ff": d_ff,
-                     "grouped_gflops": sum(c.flops for c in g) / 1e9, "dense_gflops": sum(c.flops for c in dn) / 1e9,
-                     "grouped_mbytes": sum(c.bytes_accessed for c in g) / 1e6,
-                     "dense_mbytes": sum(c.bytes_accessed for c in dn) / 1e6,
-                     "ms": {k: v * 1e3 for k, v in times.items()}, "max_abs_err_vs_dense": err,
-                     "speedup_xla_vs_dense": times["dense_einsum"] / times["grouped_xla"],
-                     "speedup_xla_tiled_vs_dense": times["dense_einsum"] / times["grouped_xla_tiled"]})
-    return rows
+def _run_ops(args) -> dict:
+    rows = bench_ops(args.repeats)
+    _print_rows(rows)
+    _print_vegas(rows)
+    return {"ops": rows}
 
 
-def _print_moe(rows: list[dict]) -> None:
-    print(f"\nMoE FFN forward, top-k of E experts (grouped matmul vs dense all-experts einsum)")
-    print(f"{'E':>4}{'k':>3}{'GFLOP grp':>11}{'GFLOP dense':>12}{'ms ragged':>11}{'ms tiled':>10}{'ms dense':>10}"
-          f"{'x ragged':>10}{'x tiled':>9}{'max err':>10}")
-    for r in rows:
-        m = r["ms"]
-        print(f"{r['experts']:>4}{r['top_k']:>3}{r['grouped_gflops']:>11.2f}{r['dense_gflops']:>12.2f}"
-              f"{m['grouped_xla']:>11.2f}{m['grouped_xla_tiled']:>10.2f}{m['dense_einsum']:>10.2f}"
-              f"{r['speedup_xla_vs_dense']:>10.2f}{r['speedup_xla_tiled_vs_dense']:>9.2f}"
-              f"{max(r['max_abs_err_vs_dense'].values()):>10.1e}")
+def _run_decode(args) -> dict:
+    res = bench_decode([int(t) for t in args.decode_tokens.split(",")], repeats=args.repeats)
+    _print_decode(res)
+    return {"decode": res}
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def _run_ffd(args) -> dict:
+    rows = bench_ffd([int(t) for t in args.tokens.split(",")], args.delta, args.repeats)
+    _print_ffd(rows)
+    sweep = ffd_error_sweep(int(args.tokens.split(",")[0]))
+    _print_ffd_sweep(sweep)
+    return {"ffd": rows, "ffd_error_sweep": sweep}
+
+
+# Sections of this command: name -> run(args) returning the JSON entries it adds. `python -m experiments
+# bench` runs these plus the model-level ones (decoder LM generate throughput, MoE FFN).
+SECTIONS = {"ops": _run_ops, "decode": _run_decode, "ffd": _run_ffd}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", default="16384,65536", help="comma list of FFD cache lengths (CPU)")
+    parser.add_argument("--decode-tokens", default="2048,8192,16384,32768,65536",
+                        help="comma list of dense decode cache lengths")
     parser.add_argument("--gpu-tokens", default="32768,65536,131072,262144", help="FFD lengths on a GPU")
     parser.add_argument("--delta", type=float, default=5.0, help="FFD margin, log2 units")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None, help="write the numbers as JSON here")
-    parser.add_argument("--only", default=None, choices=("ops", "moe", "ffd"),
-                        help="run one section (with --out, merges into an existing JSON file)")
+
+
+def main(argv=None, *, sections: dict | None = None, extra_arguments=None, description: str | None = None) -> dict:
+    """Runs the selected sections (all by default), prints their tables, optionally merges them into --out."""
+    sections = SECTIONS if sections is None else sections
+    parser = argparse.ArgumentParser(description=description or __doc__.split("\n")[0])
+    add_arguments(parser)
+    if extra_arguments is not None:
+        extra_arguments(parser)
+    parser.add_argument("--only", default=None,
+                        help=f"comma list of sections to run, of {sorted(sections)} (with --out, merged into an "
+                             "existing JSON file)")
     args = parser.parse_args(argv)
+    only = None if args.only is None else args.only.split(",")
+    unknown = sorted(set(only or ()) - set(sections))
+    if unknown:
+        parser.error(f"--only: unknown sections {unknown}; choose from {sorted(sections)}")
     backend = jax.default_backend()
-    print(f"backend {backend} ({jax.devices()[0].device_kind}), jax {jax.__version__}, {platform.processor() or platform.machine()}")
+    print(f"backend {backend} ({jax.devices()[0].device_kind}), jax {jax.__version__}, "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
     result = {"backend": backend, "device": jax.devices()[0].device_kind, "jax": jax.__version__,
-              "date": time.strftime("%Y-%m-%d")}
-    if args.only and args.out and pathlib.Path(args.out).exists():
+              "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}
+    if only and args.out and pathlib.Path(args.out).exists():
         result = {**json.loads(pathlib.Path(args.out).read_text()), **result}
-    if args.only in (None, "ops"):
-        result["ops"] = bench_ops(args.repeats)
-        _print_rows(result["ops"])
-        _print_vegas(result["ops"])
-    if args.only in (None, "moe"):
-        result["moe"] = bench_moe(repeats=args.repeats)
-        _print_moe(result["moe"])
-    if args.only in (None, "ffd"):
-        result["ffd"] = bench_ffd([int(t) for t in args.tokens.split(",")], args.delta, args.repeats)
-        _print_ffd(result["ffd"])
-        result["ffd_error_sweep"] = ffd_error_sweep(int(args.tokens.split(",")[0]))
-        _print_ffd_sweep(result["ffd_error_sweep"])
+    for name, run in sections.items():
+        if only is None or name in only:
+            result.update(run(args))
     if backend == "gpu":
         result["gpu"] = bench_gpu([int(t) for t in args.gpu_tokens.split(",")], args.delta, args.repeats)
         print(json.dumps(result["gpu"], indent=1))

@@ -64,7 +64,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from primitives.attention import AttentionOutput, combine_partials, decode_attention
+from primitives.attention import AttentionOutput, combine_partials, decode_attention, kv_token_axis
 
 __all__ = [
     "LOG2E",
@@ -239,22 +239,27 @@ def dequantize_pages(codes: jax.Array, scales: jax.Array, bits: int = 2) -> jax.
     return (codes.astype(jnp.float32) - _offset(bits)) * scales[..., None, :]
 
 
-def _current_page(x: jax.Array, full: jax.Array, lengths: jax.Array, page_size: int) -> jax.Array:
-    """[b, s, k, d] -> [b, k, bs, d]: tokens ``full * bs .. lengths - 1`` (zero beyond)."""
-    padded = jnp.pad(x, ((0, 0), (0, page_size), (0, 0), (0, 0)))
-    cur = jax.vmap(lambda xb, start: jax.lax.dynamic_slice_in_dim(xb, start, page_size, axis=0))(
+def _current_page(x: jax.Array, full: jax.Array, lengths: jax.Array, page_size: int, token_axis: int) -> jax.Array:
+    """[b, s, k, d] (token_axis 1) or [b, k, s, d] (2) -> [b, k, bs, d]: tokens ``full * bs .. lengths - 1``
+    (zero beyond)."""
+    widths = [(0, 0)] * 4
+    widths[token_axis] = (0, page_size)
+    padded = jnp.pad(x, widths)
+    cur = jax.vmap(lambda xb, start: jax.lax.dynamic_slice_in_dim(xb, start, page_size, axis=token_axis - 1))(
         padded, full * page_size)
+    if token_axis == 1:
+        cur = cur.transpose(0, 2, 1, 3)
     live = full[:, None] * page_size + jnp.arange(page_size)[None, :] < lengths[:, None]
-    return jnp.where(live[:, :, None, None], cur, 0).transpose(0, 2, 1, 3)
+    return jnp.where(live[:, None, :, None], cur, 0)
 
 
 def build_cache(keys: jax.Array, values: jax.Array, lengths: jax.Array, *, page_size: int = 128,
-                bits: int = 2, residual_dtype=jnp.float32, scan_codes: bool = True) -> FFDCache:
+                bits: int = 2, residual_dtype=jnp.float32, scan_codes: bool = True, layout: str = "bskd") -> FFDCache:
     """Builds the FFD cache of a dense cache (what an FFD-enabled KV cache stores incrementally).
 
     Args:
-      keys: [b, s, k, d] cached keys in the model's layout (entries >= lengths ignored).
-      values: [b, s, k, d] cached values.
+      keys: [b, s, k, d] cached keys (entries >= lengths ignored); [b, k, s, d] when layout="bksd".
+      values: cached values, keys' shape.
       lengths: [b] int valid tokens per sequence, in [0, s].
       page_size: tokens per page ``bs``.
       bits: key code width, 2 (the paper's default) or 4.
@@ -262,14 +267,19 @@ def build_cache(keys: jax.Array, values: jax.Array, lengths: jax.Array, *, page_
         float8_e4m3fn (the code's FP8 residual).
       scan_codes: also store the codes unpacked as int8 (``FFDCache.scan_codes``, one byte per key
         element), the operand of the CPU scan of :func:`fast_ffd_decode`.
+      layout: the dense cache's axis order, "bskd" or "bksd" (the pages are head-major, so a "bksd"
+        cache is paged by a reshape, without a transpose).
 
     Returns:
       :class:`FFDCache` with ``p = s // page_size`` page slots.
     """
     _check_bits(bits)
+    token_axis = kv_token_axis(layout)
     if keys.ndim != 4 or values.shape != keys.shape:
-        raise ValueError(f"keys and values must be [b, s, k, d] of one shape; got {keys.shape}, {values.shape}")
-    b, s, kh, d = keys.shape
+        raise ValueError(f"keys and values must be [{', '.join(layout)}] of one shape; got {keys.shape}, "
+                         f"{values.shape}")
+    b, d = keys.shape[0], keys.shape[3]
+    s, kh = keys.shape[token_axis], keys.shape[3 - token_axis]
     if not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size must be a positive int, got {page_size!r}")
     if d % (8 // bits):
@@ -281,7 +291,9 @@ def build_cache(keys: jax.Array, values: jax.Array, lengths: jax.Array, *, page_
         raise ValueError(f"lengths must have shape ({b},), got {lengths.shape}")
     p = s // page_size
 
-    def head_major(x):  # [b, s, k, d] -> [b, k, p, bs, d]
+    def head_major(x):  # [b, s, k, d] or [b, k, s, d] -> [b, k, p, bs, d]
+        if token_axis == 2:
+            return x[:, :, : p * page_size].reshape(b, kh, p, page_size, d)
         return x[:, : p * page_size].reshape(b, p, page_size, kh, d).transpose(0, 3, 1, 2, 4)
 
     pages = head_major(keys.astype(jnp.float32))
@@ -290,8 +302,8 @@ def build_cache(keys: jax.Array, values: jax.Array, lengths: jax.Array, *, page_
     full = lengths // page_size
     page_min, page_max = quest_bounds(pages)
     return FFDCache(codes=pack_codes(codes, bits), scales=scales, residual=residual, values=head_major(values),
-                    current_keys=_current_page(keys, full, lengths, page_size),
-                    current_values=_current_page(values, full, lengths, page_size), lengths=lengths,
+                    current_keys=_current_page(keys, full, lengths, page_size, token_axis),
+                    current_values=_current_page(values, full, lengths, page_size, token_axis), lengths=lengths,
                     page_min=page_min, page_max=page_max,
                     scan_codes=codes.astype(jnp.int8) if scan_codes else None)
 

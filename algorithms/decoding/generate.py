@@ -3,8 +3,9 @@
 Dimension legend: `b` batch, `P` padded prompt length, `N` max new tokens,
 `v` vocabulary.
 
-`generate` prefills a right-padded prompt block into a fresh KV cache (each row
-with its own prompt length; only the last prompt token of each row is unembedded),
+`generate` prefills a right-padded prompt block into a fresh KV cache, or appends
+it to a given one (each row with its own prompt length; only the last prompt token
+of each row is unembedded),
 then runs a single `lax.while_loop` that decodes
 one token per sequence per iteration until every row has emitted a stop token or
 N tokens are out. The whole thing is one `jax.jit`: the model is split into a
@@ -62,6 +63,7 @@ def generate(
     stop_tokens: tuple[int, ...] = (),
     pad_id: int = 0,
     model_kwargs: Mapping[str, Any] | None = None,
+    cache: Any = None,
 ) -> GenerateOutput:
     """Generates up to `max_new_tokens` tokens for each prompt.
 
@@ -79,6 +81,10 @@ def generate(
       pad_id: written after a row has stopped.
       model_kwargs: extra array arguments passed to every model call
         (e.g. `head_mask`, `residual_deltas` of per-row or per-layer shape).
+      cache: a KV cache that already holds a context per row (a shared system prompt, a
+        document prefilled in chunks, a synthetic context for benchmarks); the prompts are
+        appended after its `lengths`. It needs room for P + N more tokens per row. Default: a
+        fresh cache of capacity P + N (`model.init_cache`).
 
     Returns:
       GenerateOutput.
@@ -103,16 +109,24 @@ def generate(
         if not is_greedy:
             raise ValueError("a PRNG key is required for a non-greedy sampler; pass key=")
         key = jax.random.key(0)
+    if cache is not None:
+        if cache.batch_size != b:
+            raise ValueError(f"cache batch size {cache.batch_size} != prompts batch size {b}")
+        if not isinstance(cache.lengths, jax.core.Tracer):
+            room = cache.capacity - int(np.max(np.asarray(cache.lengths)))
+            if room < p + max_new_tokens:
+                raise ValueError(f"cache has room for {room} more tokens; P + max_new_tokens = "
+                                 f"{p + max_new_tokens} are needed (capacity {cache.capacity})")
     graphdef, state = nnx.split(model)
     return _generate(
-        graphdef, state, prompts, prompt_lengths, key, dict(model_kwargs or {}),
+        graphdef, state, prompts, prompt_lengths, key, dict(model_kwargs or {}), cache,
         max_new_tokens=max_new_tokens, sampler=sampler,
         stop_tokens=tuple(int(s) for s in stop_tokens), pad_id=int(pad_id),
     )
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "sampler", "stop_tokens", "pad_id"))
-def _generate(graphdef, state, prompts, prompt_lengths, key, model_kwargs, *,
+def _generate(graphdef, state, prompts, prompt_lengths, key, model_kwargs, cache, *,
               max_new_tokens, sampler, stop_tokens, pad_id):
     b, p = prompts.shape
     n = max_new_tokens
@@ -129,7 +143,8 @@ def _generate(graphdef, state, prompts, prompt_lengths, key, model_kwargs, *,
         return tok, lp
 
     model = nnx.merge(graphdef, state)
-    cache = model.init_cache(b, p + n)
+    if cache is None:
+        cache = model.init_cache(b, p + n)
     out = model(prompts, cache=cache, num_valid=prompt_lengths, logits_at=(prompt_lengths - 1)[:, None],
                 **model_kwargs)
     last_logits = out.logits[:, 0]

@@ -70,7 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.kv_cache import KVCache
+from models.kv_cache import KVCache, token_major
 from models.transformer import SparseDecode
 from primitives import speculative as spec
 from primitives.sampling import Sampler
@@ -396,7 +396,7 @@ class QuestDrafter:
     def refresh(self, info: VerifyInfo, *, scale: float):
         del scale
         bounds = jax.vmap(jax.vmap(functools.partial(page_bounds, page_size=self.page_size)))
-        keys = jnp.stack(info.cache.keys)  # [L, b, S, kh, d]
+        keys = jnp.stack([token_major(k, info.cache.layout) for k in info.cache.keys])  # [L, b, S, kh, d]
         lo, hi = bounds(keys, jnp.broadcast_to(info.valid_len, keys.shape[:2]))
         return lo, hi, info.valid_len, info.budget
 
@@ -600,7 +600,7 @@ def _speculative(graphdef, state, prompts, prompt_lengths, key, ratio, *, max_ne
         tokens = c["tokens"].at[rows_b[:, None], jnp.where(keep, cols, n + g + 1)].set(emit, mode="drop")
         valid_len = committed + 1  # keys visible to the first verification row
         selection = refresh(out, a, valid_len, committed + g + 1, rows_v)
-        new_cache = out.cache._replace(lengths=jnp.where(active, committed + 1 + a, committed))
+        new_cache = out.cache.replace(lengths=jnp.where(active, committed + 1 + a, committed))
         act = active.astype(jnp.int32)
         return dict(
             cache=new_cache, tok=jnp.where(active, y, c["tok"]),

@@ -4,8 +4,10 @@ Dimension legend: `b` batch, `h` query heads, `k` key/value heads (h % k == 0),
 `s` cache capacity, `d` head dim.
 
 Same contract as the reference `primitives.attention.decode_attention`: one
-query token per sequence over a KV cache in the model's layout [b, s, k, d]
-with per-sequence valid lengths; a sequence of length 0 gives zeros (and lse
+query token per sequence over a KV cache in either of the model's axis orders,
+token-major [b, s, k, d] (`kv_layout="bskd"`) or head-major [b, k, s, d]
+("bksd"), read as stored (each kernel tile is a [block_k, d] slab of one head
+in both), with per-sequence valid lengths; a sequence of length 0 gives zeros (and lse
 -inf). The kernel reads each KV head once for its whole group of query heads
 (GQA), splits the cache into `num_splits` parts processed in parallel, and
 merges the parts with the shared log-sum-exp combine
@@ -36,21 +38,23 @@ from primitives import attention as attn_ref
 __all__ = ["decode_attention"]
 
 
-def _check(q, k, v, lengths):
+def _check(q, k, v, lengths, kv_layout):
+    token_axis = attn_ref.kv_token_axis(kv_layout)
     if q.ndim != 3 or k.ndim != 4 or v.shape != k.shape:
-        raise ValueError(f"decode_attention expects q [b, h, d], k and v [b, s, k, d]; got "
+        raise ValueError(f"decode_attention expects q [b, h, d], k and v [{', '.join(kv_layout)}]; got "
                          f"q {q.shape}, k {k.shape}, v {v.shape}")
     b, h, d = q.shape
     if k.shape[0] != b or k.shape[3] != d:
         raise ValueError(f"q {q.shape} and k {k.shape} disagree on batch or head dim")
-    if h % k.shape[2]:
-        raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({k.shape[2]})")
+    kh = k.shape[3 - token_axis]
+    if h % kh:
+        raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({kh})")
     if lengths.shape != (b,):
         raise ValueError(f"lengths must have shape [b]=({b},); got {lengths.shape}")
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_sizes", "return_residuals", "normalize_output",
-                                             "implementation", "interpret"))
+                                             "implementation", "interpret", "kv_layout"))
 def decode_attention(
     q: jax.Array,
     k: jax.Array,
@@ -63,12 +67,13 @@ def decode_attention(
     normalize_output: bool = True,
     implementation: str | None = None,
     interpret: bool | None = None,
+    kv_layout: str = "bskd",
 ):
     """Attention of one query per sequence over its KV cache.
 
     Args:
       q: [b, h, d] queries.
-      k, v: [b, s, k, d] cached keys and values.
+      k, v: [b, s, k, d] cached keys and values ([b, k, s, d] when kv_layout="bksd").
       lengths: [b] int, valid cache entries per sequence.
       scale: logit scale (default 1/sqrt(d)).
       block_sizes: tiling; default `DecodeBlockSizes.default(...)`.
@@ -76,19 +81,21 @@ def decode_attention(
       normalize_output: divide by the softmax normalizer (see module docstring).
       implementation: None | "xla" | "pallas" | "pallas_tpu" | "pallas_triton".
       interpret: run the Pallas kernel in the interpreter (None = iff on CPU).
+      kv_layout: "bskd" or "bksd", the axis order of k and v.
 
     Returns:
       out [b, h, d] in q's dtype; plus lse [b, h] or (m, l) each [b, h] float32.
     """
-    _check(q, k, v, lengths)
+    _check(q, k, v, lengths, kv_layout)
     b, h, d = q.shape
-    s, kh = k.shape[1], k.shape[2]
+    token_axis = attn_ref.kv_token_axis(kv_layout)
+    s, kh = k.shape[token_axis], k.shape[3 - token_axis]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     impl = _backend.resolve_implementation(implementation)
     lengths = lengths.astype(jnp.int32)
 
     if impl == "xla":
-        out, lse = attn_ref.decode_attention(q, k, v, lengths, scale=scale, return_lse=True)
+        out, lse = attn_ref.decode_attention(q, k, v, lengths, scale=scale, return_lse=True, kv_layout=kv_layout)
         if normalize_output:
             return (out, lse) if return_residuals else out
         # Unnormalized form with m = lse, l = 1 satisfies out = o / l and lse = m + log l.
@@ -105,8 +112,7 @@ def decode_attention(
     chunk = bs.block_k * bs.num_splits
     sp = -(-s // chunk) * chunk
     if sp != s:  # pad the cache to whole splits; padded keys lie past every length
-        pad = ((0, 0), (0, sp - s), (0, 0), (0, 0))
-        k, v = jnp.pad(k, pad), jnp.pad(v, pad)
+        k, v = (_backend.pad_axis(x, token_axis, sp) for x in (k, v))
     split_len = sp // bs.num_splits
 
     if impl == "pallas_tpu":
@@ -115,7 +121,12 @@ def decode_attention(
         len_spec = pl.BlockSpec((b,), lambda i, j: (0,))
     cost = decode_cost(batch=b, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d,
                        kv_itemsize=k.dtype.itemsize, q_itemsize=q.dtype.itemsize)
-    kernel = functools.partial(decode_kernel, block_k=bs.block_k, split_len=split_len, scale=scale)
+    kernel = functools.partial(decode_kernel, block_k=bs.block_k, split_len=split_len, scale=scale,
+                               kv_layout=kv_layout)
+    if kv_layout == "bskd":
+        kv_spec = pl.BlockSpec((None, split_len, kh, d), lambda i, j: (i, j, 0, 0))
+    else:
+        kv_spec = pl.BlockSpec((None, kh, split_len, d), lambda i, j: (i, 0, j, 0))
     stat_shape = jax.ShapeDtypeStruct((b, bs.num_splits, kh, gp, 1), jnp.float32)
     with _backend.quiet_triton_deprecation():
         o, m, l = pl.pallas_call(
@@ -124,8 +135,8 @@ def decode_attention(
             in_specs=[
                 len_spec,
                 pl.BlockSpec((None, kh, gp, d), lambda i, j: (i, 0, 0, 0)),
-                pl.BlockSpec((None, split_len, kh, d), lambda i, j: (i, j, 0, 0)),
-                pl.BlockSpec((None, split_len, kh, d), lambda i, j: (i, j, 0, 0)),
+                kv_spec,
+                kv_spec,
             ],
             out_specs=[
                 pl.BlockSpec((None, None, kh, gp, d), lambda i, j: (i, j, 0, 0, 0)),

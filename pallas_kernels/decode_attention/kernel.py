@@ -10,7 +10,8 @@ skipped by the loop bound; the last partial tile is masked with `jnp.where`
 
 Layouts inside the kernel:
   q_ref   [k, gp, d]        query heads grouped by KV head (gp = padded group)
-  k_ref   [split, k, d]     this split of the cache, all KV heads
+  k_ref   [split, k, d]     this split of the cache, all KV heads ([k, split, d] for a
+                            head-major "bksd" cache; v_ref likewise)
   o_ref   [k, gp, d]  f32   unnormalized partial output
   m_ref, l_ref [k, gp, 1]   per-row statistics ([..., 1] keeps TPU block rules)
 """
@@ -49,7 +50,7 @@ def online_softmax_step(q, k, v, valid, m, l, acc):
 
 
 def decode_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, block_k: int, split_len: int,
-                  scale: float):
+                  scale: float, kv_layout: str = "bskd"):
     i = pl.program_id(0)
     j = pl.program_id(1)
     length = len_ref[i]
@@ -67,8 +68,12 @@ def decode_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *, block_k:
         def body(t, carry, h=h, q=q):
             m, l, acc = carry
             offset = pl.multiple_of(t * block_k, block_k)
-            k = k_ref[pl.ds(offset, block_k), h, :]
-            v = v_ref[pl.ds(offset, block_k), h, :]
+            if kv_layout == "bskd":
+                k = k_ref[pl.ds(offset, block_k), h, :]
+                v = v_ref[pl.ds(offset, block_k), h, :]
+            else:
+                k = k_ref[h, pl.ds(offset, block_k), :]
+                v = v_ref[h, pl.ds(offset, block_k), :]
             key_pos = start + offset + jax.lax.broadcasted_iota(jnp.int32, (gp, block_k), 1)
             row_pos = start + offset + jax.lax.broadcasted_iota(jnp.int32, (block_k, d), 0)
             v = jnp.where(row_pos < length, v.astype(jnp.float32), 0.0)

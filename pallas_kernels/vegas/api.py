@@ -74,13 +74,15 @@ class VerifyOutput(NamedTuple):
     scores: jax.Array
 
 
-def _check_cache(name: str, q_heads: int, d: int, b: int, k: jax.Array, v: jax.Array) -> None:
+def _check_cache(name: str, q_heads: int, d: int, b: int, k: jax.Array, v: jax.Array, kv_layout: str) -> None:
+    token_axis = attn_ref.kv_token_axis(kv_layout)
     if k.ndim != 4 or v.shape != k.shape:
-        raise ValueError(f"{name}: k and v must be [b, S, kh, d] of the same shape; got k {k.shape}, v {v.shape}")
+        raise ValueError(f"{name}: k and v must be [{', '.join(kv_layout)}] of the same shape; got k {k.shape}, "
+                         f"v {v.shape}")
     if k.shape[0] != b or k.shape[3] != d:
         raise ValueError(f"{name}: q and k disagree on batch or head dim; got b={b}, d={d}, k {k.shape}")
-    if q_heads % k.shape[2]:
-        raise ValueError(f"{name}: query heads ({q_heads}) must be a multiple of KV heads ({k.shape[2]})")
+    if q_heads % k.shape[3 - token_axis]:
+        raise ValueError(f"{name}: query heads ({q_heads}) must be a multiple of KV heads ({k.shape[3 - token_axis]})")
 
 
 def _check_rows(rows: tuple[int, ...], t: int) -> tuple[int, ...]:
@@ -91,14 +93,15 @@ def _check_rows(rows: tuple[int, ...], t: int) -> tuple[int, ...]:
 
 
 def verify_reference(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.Array, *,
-                     rows: tuple[int, ...], scale: float) -> VerifyOutput:
+                     rows: tuple[int, ...], scale: float, kv_layout: str = "bskd") -> VerifyOutput:
     """Dense causal attention (`primitives.attention`) plus the raw score rows, all in float32."""
     b, t, h, d = q.shape
-    kh, s = k.shape[2], k.shape[1]
-    res = attn_ref.attention(q, k, v, causal=True, q_positions=q_positions, scale=scale, return_lse=True)
-    qr = q[:, list(rows)].astype(jnp.float32)  # [b, R, h, d]
-    kg = jnp.repeat(k.astype(jnp.float32), h // kh, axis=2)  # [b, S, h, d]
-    raw = jnp.einsum("brhd,bshd->bhrs", qr, kg)
+    token_axis = attn_ref.kv_token_axis(kv_layout)
+    kh, s = k.shape[3 - token_axis], k.shape[token_axis]
+    res = attn_ref.attention(q, k, v, causal=True, q_positions=q_positions, scale=scale, return_lse=True,
+                             kv_layout=kv_layout)
+    qr = q[:, list(rows)].astype(jnp.float32).reshape(b, len(rows), kh, h // kh, d)
+    raw = jnp.einsum(f"brkgd,{kv_layout}->bkgrs", qr, k.astype(jnp.float32)).reshape(b, h, len(rows), s)
     visible = jnp.arange(s)[None, None, None, :] <= q_positions[:, list(rows)][:, None, :, None]
     return VerifyOutput(res.out, res.lse, jnp.where(visible, raw, -jnp.inf))
 
@@ -205,22 +208,27 @@ def _verify_pallas(q, k, v, q_positions, *, rows, scale, bs, impl, interpret) ->
     return VerifyOutput(out.astype(q.dtype), lse.reshape(b, h, t), scores)
 
 
-@functools.partial(jax.jit, static_argnames=("rows", "scale", "implementation", "interpret", "block_sizes"))
+@functools.partial(jax.jit, static_argnames=("rows", "scale", "implementation", "interpret", "block_sizes",
+                                             "kv_layout"))
 def verify_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.Array, *,
                      rows: tuple[int, ...] = (0,), scale: float | None = None,
                      implementation: str | None = None, interpret: bool | None = None,
-                     block_sizes: VerifyBlockSizes | None = None) -> VerifyOutput:
+                     block_sizes: VerifyBlockSizes | None = None, kv_layout: str = "bskd") -> VerifyOutput:
     """Causal attention of the verification block with its score rows and logsumexp.
 
     Args:
       q: [b, t, h, d] queries of the verification tokens.
-      k, v: [b, S, kh, d] the cache with these tokens' keys and values written.
+      k, v: [b, S, kh, d] the cache with these tokens' keys and values written ([b, kh, S, d] when
+        kv_layout="bksd").
       q_positions: [b, t] int positions of the queries (key j is visible to row r iff j <= position).
       rows: static query rows whose raw scores are returned (e.g. (0, t - 1)).
       scale: logit scale (default 1/sqrt(d)).
       implementation: None | "xla" (the reference) | "pallas" | "pallas_tpu" | "pallas_triton".
       interpret: run the Pallas kernel in the interpreter (None = iff on CPU); unused by "xla".
       block_sizes: Pallas tiling; default `VerifyBlockSizes.default(...)`; unused by "xla".
+      kv_layout: "bskd" or "bksd", the cache's axis order. The XLA path reads both as stored; the
+        Pallas kernel tiles [S, kh * d] rows, so a "bksd" cache is transposed once per call
+        (one verification per drafting iteration, not per decode step).
 
     Returns:
       VerifyOutput.
@@ -228,16 +236,18 @@ def verify_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.
     if q.ndim != 4:
         raise ValueError(f"verify_attention: q must be [b, t, h, d]; got shape {q.shape}")
     b, t, h, d = q.shape
-    _check_cache("verify_attention", h, d, b, k, v)
+    _check_cache("verify_attention", h, d, b, k, v, kv_layout)
     if q_positions.shape != (b, t):
         raise ValueError(f"verify_attention: q_positions must be [b, t]=({b}, {t}); got {q_positions.shape}")
     rows = _check_rows(rows, t)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     impl = _backend.resolve_implementation(implementation)
     if impl == "xla":
-        res = verify_reference(q, k, v, q_positions, rows=rows, scale=scale)
+        res = verify_reference(q, k, v, q_positions, rows=rows, scale=scale, kv_layout=kv_layout)
         return res._replace(out=res.out.astype(q.dtype))
     _check_head_dim("verify_attention", d, impl)
+    if kv_layout == "bksd":
+        k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
     bs = block_sizes or VerifyBlockSizes.default(seq_len=k.shape[1], batch=b, kv_heads=k.shape[2],
                                                  implementation=impl)
     if not isinstance(bs, VerifyBlockSizes):
@@ -246,11 +256,11 @@ def verify_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.
     return _verify_pallas(q, k, v, q_positions, rows=rows, scale=scale, bs=bs, impl=impl, interpret=interpret)
 
 
-def _check_sparse(q, k, v, indices, valid, recent_start, lengths):
+def _check_sparse(q, k, v, indices, valid, recent_start, lengths, kv_layout):
     if q.ndim != 3:
         raise ValueError(f"sparse_decode_attention: q must be [b, h, d]; got shape {q.shape}")
     b, h, d = q.shape
-    _check_cache("sparse_decode_attention", h, d, b, k, v)
+    _check_cache("sparse_decode_attention", h, d, b, k, v, kv_layout)
     if indices.ndim != 2 or indices.shape[0] != b or valid.shape != indices.shape:
         raise ValueError(f"sparse_decode_attention: indices and valid must be [b, K] with b={b}; got indices "
                          f"{indices.shape}, valid {valid.shape}")
@@ -272,43 +282,53 @@ def sparse_decode_mask(indices: jax.Array, valid: jax.Array, recent_start: jax.A
 
 def sparse_decode_reference(q: jax.Array, k: jax.Array, v: jax.Array, indices: jax.Array, valid: jax.Array,
                             recent_start: jax.Array, lengths: jax.Array, *, max_recent: int,
-                            scale: float) -> attn_ref.AttentionOutput:
+                            scale: float, kv_layout: str = "bskd") -> attn_ref.AttentionOutput:
     """Dense attention over the whole cache with the boolean mask of the attended set (float32)."""
-    mask = sparse_decode_mask(indices, valid, recent_start, lengths, k.shape[1], max_recent)
-    res = attn_ref.attention(q[:, None], k, v, mask=mask[:, None, None, :], scale=scale, return_lse=True)
+    capacity = k.shape[attn_ref.kv_token_axis(kv_layout)]
+    mask = sparse_decode_mask(indices, valid, recent_start, lengths, capacity, max_recent)
+    res = attn_ref.attention(q[:, None], k, v, mask=mask[:, None, None, :], scale=scale, return_lse=True,
+                             kv_layout=kv_layout)
     return attn_ref.AttentionOutput(res.out[:, 0], res.lse[..., 0])
 
 
-def _compact_rows(k, v, indices, valid, recent_start, lengths, *, max_recent: int):
+def _compact_rows(k, v, indices, valid, recent_start, lengths, *, max_recent: int, kv_layout: str = "bskd"):
     """The K listed cache rows and the max_recent window gathered by XLA (jnp indexing).
 
     Returns (kg, vg [b, K + W, kh, d], ok [b, K + W] bool): ok drops invalid entries, listed keys at or
     past recent_start (the window covers them) and window slots at or past the length or the capacity.
+    A "bksd" cache is gathered along its token axis (only the K + W rows move).
     """
-    b, s = k.shape[:2]
+    b, s = k.shape[0], k.shape[attn_ref.kv_token_axis(kv_layout)]
     rows = jnp.arange(b)[:, None]
     window = recent_start[:, None] + jnp.arange(max_recent)[None, :]
     idx = jnp.concatenate([jnp.clip(indices, 0, s - 1), jnp.clip(window, 0, s - 1)], axis=1)  # [b, K + W]
     ok = jnp.concatenate([valid & (indices >= 0) & (indices < recent_start[:, None]),
                           (window < lengths[:, None]) & (window < s)], axis=1)
-    return k[rows, idx], v[rows, idx], ok
+    if kv_layout == "bskd":
+        return k[rows, idx], v[rows, idx], ok
+    heads = jnp.arange(k.shape[1])[None, :, None]
+    kg, vg = (jnp.swapaxes(x[rows[:, :, None], heads, idx[:, None, :]], 1, 2) for x in (k, v))
+    return kg, vg, ok
 
 
-def _gathered(q, k, v, indices, valid, recent_start, lengths, *, max_recent: int, scale: float):
+def _gathered(q, k, v, indices, valid, recent_start, lengths, *, max_recent: int, scale: float, kv_layout: str):
     """Attention over the K listed keys and a max_recent window, reading only those cache rows."""
-    kg, vg, ok = _compact_rows(k, v, indices, valid, recent_start, lengths, max_recent=max_recent)
+    kg, vg, ok = _compact_rows(k, v, indices, valid, recent_start, lengths, max_recent=max_recent,
+                               kv_layout=kv_layout)
     res = attn_ref.attention(q[:, None], kg, vg, mask=ok[:, None, None, :], scale=scale, return_lse=True)
     return attn_ref.AttentionOutput(res.out[:, 0], res.lse[..., 0])
 
 
-def _sparse_pallas(q, k, v, indices, valid, recent_start, lengths, *, max_recent, scale, bs, impl, interpret):
+def _sparse_pallas(q, k, v, indices, valid, recent_start, lengths, *, max_recent, scale, bs, impl, interpret,
+                   kv_layout):
     """Pallas shell of `sparse_decode_attention`: XLA gather, then `kernel.sparse_decode_kernel`."""
     b, h, d = q.shape
-    kh = k.shape[2]
+    kg, vg, ok = _compact_rows(k, v, indices, valid, recent_start, lengths, max_recent=max_recent,
+                               kv_layout=kv_layout)
+    kh = kg.shape[2]
     g = h // kh
     gp = _backend.padded_rows(g, impl)
     hp = _heads_per_program(kh, d, impl)
-    kg, vg, ok = _compact_rows(k, v, indices, valid, recent_start, lengths, max_recent=max_recent)
     n = kg.shape[1]
     split_len, np_ = _split_layout(n, bs.block_k, bs.num_splits, impl)
     kf = _backend.pad_axis(kg, 1, np_).reshape(b, np_, kh * d)
@@ -347,17 +367,17 @@ def _sparse_pallas(q, k, v, indices, valid, recent_start, lengths, *, max_recent
 
 
 @functools.partial(jax.jit, static_argnames=("max_recent", "scale", "return_lse", "implementation",
-                                             "interpret", "block_sizes"))
+                                             "interpret", "block_sizes", "kv_layout"))
 def sparse_decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, indices: jax.Array, valid: jax.Array,
                             recent_start: jax.Array, lengths: jax.Array, *, max_recent: int,
                             scale: float | None = None, return_lse: bool = False,
                             implementation: str | None = None, interpret: bool | None = None,
-                            block_sizes: SparseDecodeBlockSizes | None = None):
+                            block_sizes: SparseDecodeBlockSizes | None = None, kv_layout: str = "bskd"):
     """One query per sequence over a listed key subset plus a contiguous recent range.
 
     Args:
       q: [b, h, d] queries.
-      k, v: [b, S, kh, d] cache.
+      k, v: [b, S, kh, d] cache ([b, kh, S, d] when kv_layout="bksd").
       indices: [b, K] int32 listed keys (unique; entries >= recent_start are ignored).
       valid: [b, K] bool, which entries of `indices` are used.
       recent_start: [b] first key of the recent range.
@@ -370,27 +390,30 @@ def sparse_decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, indices: j
         the compact buffer).
       interpret: run the Pallas kernel in the interpreter (None = iff on CPU); unused by "xla".
       block_sizes: Pallas tiling of the compact axis; default `SparseDecodeBlockSizes.default(...)`.
+      kv_layout: "bskd" or "bksd", the cache's axis order (both gathered as stored).
 
     Returns:
       out [b, h, d] in q's dtype (and lse).
     """
-    _check_sparse(q, k, v, indices, valid, recent_start, lengths)
+    _check_sparse(q, k, v, indices, valid, recent_start, lengths, kv_layout)
     if max_recent < 1:
         raise ValueError(f"sparse_decode_attention: max_recent must be >= 1; got {max_recent}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     impl = _backend.resolve_implementation(implementation)
     indices, recent_start, lengths = (a.astype(jnp.int32) for a in (indices, recent_start, lengths))
     if impl == "xla":
-        res = _gathered(q, k, v, indices, valid, recent_start, lengths, max_recent=max_recent, scale=scale)
+        res = _gathered(q, k, v, indices, valid, recent_start, lengths, max_recent=max_recent, scale=scale,
+                        kv_layout=kv_layout)
     else:
         _check_head_dim("sparse_decode_attention", q.shape[-1], impl)
         bs = block_sizes or SparseDecodeBlockSizes.default(num_keys=indices.shape[1] + max_recent, batch=q.shape[0],
-                                                           kv_heads=k.shape[2], implementation=impl)
+                                                           kv_heads=k.shape[3 - attn_ref.kv_token_axis(kv_layout)],
+                                                           implementation=impl)
         if not isinstance(bs, SparseDecodeBlockSizes):
             raise ValueError(f"sparse_decode_attention: block_sizes must be a SparseDecodeBlockSizes; got "
                              f"{type(bs).__name__}")
         bs.validate(impl)
         res = _sparse_pallas(q, k, v, indices, valid.astype(bool), recent_start, lengths, max_recent=max_recent,
-                             scale=scale, bs=bs, impl=impl, interpret=interpret)
+                             scale=scale, bs=bs, impl=impl, interpret=interpret, kv_layout=kv_layout)
     out = res.out.astype(q.dtype)
     return (out, res.lse) if return_lse else out

@@ -1,5 +1,7 @@
 """generate(): greedy equals naive recomputation; stop tokens; stochastic sampling matches softmax."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,6 +46,32 @@ def test_greedy_equals_naive_recomputation(model, full_logits):
         np.testing.assert_array_equal(out.tokens[r], seq[lengths[r]:])
     np.testing.assert_array_equal(out.lengths, n)
     assert not np.any(out.stopped)
+
+
+def test_greedy_is_identical_for_both_kv_cache_layouts(model):
+    # The fixture's cache is the CPU default (head-major "bksd", checked against naive recomputation
+    # above); the same weights with a token-major cache must generate the same tokens.
+    assert model.config.resolved_kv_layout == "bksd"
+    other = Transformer(dataclasses.replace(model.config, kv_layout="bskd"), rngs=nnx.Rngs(0))
+    prompts = np.random.default_rng(1).integers(0, VOCAB, (3, 5)).astype(np.int32)
+    lengths = np.array([5, 2, 4])
+    a = generate(model, prompts, prompt_lengths=lengths, max_new_tokens=6)
+    b = generate(other, prompts, prompt_lengths=lengths, max_new_tokens=6)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+def test_generate_continues_a_given_cache(model):
+    # Prefill a context into a cache, then generate a continuation with a short prompt appended:
+    # the same tokens as generating from context + prompt in one call.
+    _, state = nnx.split(model)
+    rng = np.random.default_rng(2)
+    context, prompt = rng.integers(0, VOCAB, (2, 5)).astype(np.int32), rng.integers(0, VOCAB, (2, 2)).astype(np.int32)
+    cache = model(jnp.asarray(context), cache=model.init_cache(2, 5 + 2 + 4)).cache
+    got = generate(model, prompt, max_new_tokens=4, cache=cache)
+    want = generate(model, np.concatenate([context, prompt], axis=1), max_new_tokens=4)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    with pytest.raises(ValueError, match="room for 6 more tokens"):
+        generate(model, prompt, max_new_tokens=5, cache=cache)
 
 
 def test_stop_tokens_end_rows_and_pad_after(model):

@@ -28,7 +28,8 @@ def _forward(graphdef, state, tokens, cache=None, num_valid=None):
     dict(num_kv_heads=2),                      # GQA
     dict(num_kv_heads=1, tie_embeddings=True),  # MQA, tied embeddings
     dict(num_kv_heads=4, ffn_activation="gelu"),  # MHA
-], ids=["gqa", "mqa-tied", "mha-gelu"])
+    dict(num_kv_heads=2, kv_layout="bskd"),     # GQA, token-major cache (the CPU default is head-major)
+], ids=["gqa", "mqa-tied", "mha-gelu", "gqa-bskd"])
 def model(request):
     return Transformer(tiny_config(**request.param), rngs=nnx.Rngs(0))
 
@@ -182,6 +183,10 @@ def test_model_works_in_nnx_tree_mode():
     ("ffd", {"ffd_delta": float("inf"), "ffd_page_size": 4}, 1e-4),  # every page kept: exact
     ("ffd", {"ffd_delta": 0.0, "ffd_page_size": 4}, None),          # sparse: close, not equal
     ("ffd", {"ffd_selector": "quest", "ffd_kept_fraction": 1.0, "ffd_page_size": 4}, 1e-4),  # baseline, all pages
+    # the other cache axis order (the dense model keeps the default): switching order changes nothing
+    ("dense", {"kv_layout": "bskd"}, 1e-5),
+    ("kernel", {"kv_layout": "bskd"}, 1e-5),
+    ("ffd", {"ffd_delta": float("inf"), "ffd_page_size": 4, "kv_layout": "bskd"}, 1e-4),
 ])
 def test_decode_attention_routes_through_kernels(mode, overrides, atol):
     dense = Transformer(tiny_config(head_dim=16), rngs=nnx.Rngs(1))

@@ -1,0 +1,32 @@
+"""The benchmark sections run end to end at tiny sizes and report consistent rows (no timing is asserted)."""
+
+import numpy as np
+
+from experiments import bench
+from pallas_kernels import bench as kernel_bench
+
+
+def test_decode_roofline_rows_agree_with_the_reference_and_name_the_fastest():
+    res = kernel_bench.bench_decode(token_counts=(256,), shapes=((4, 2, 16),), repeats=1, read_bytes=1 << 20)
+    (row,) = res["rows"]
+    assert res["layout"] == "bksd"  # the CPU default
+    assert row["mbytes"] == 2 * 256 * 2 * 16 * 4 / 1e6
+    assert row["fastest_alternative"] in kernel_bench.ALTERNATIVES
+    assert max(row["max_abs_err_vs_einsum_bskd"].values()) < 1e-5  # every formulation computes the same thing
+    np.testing.assert_allclose(row["library_vs_fastest"], row["ms"]["library"] / row["ms"][row["fastest_alternative"]])
+
+
+def test_generate_throughput_rows():
+    cfg = dict(vocab_size=32, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16, d_ff=32)
+    res = bench.bench_generate(contexts=(64,), new_tokens=(2, 4), repeats=1, model_config=cfg, read_bytes=1 << 20)
+    (row,) = res["rows"]
+    assert row["kv_mbytes"] == 1 * 2 * 64 * 2 * 16 * 4 / 1e6
+    np.testing.assert_allclose(row["x_roofline"], row["ms_per_token"] / row["roofline_ms"])
+
+
+def test_cli_rejects_unknown_sections(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        bench.main(["--only", "decode,nope"])
+    assert "unknown sections ['nope']" in capsys.readouterr().err
