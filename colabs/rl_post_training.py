@@ -63,13 +63,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from algorithms.rl import differential_smoothing as ds
-from primitives import policy_losses as pl
+from primitives import policy_losses
 
 rewards = jnp.array([[1.0, 1.0, 0.0, 0.0]])  # one group: two correct, two incorrect samples
 seq_logp = jnp.log(jnp.array([[0.5, 0.05, 0.5, 0.05]]))  # a likely and a rare sample of each kind
-print("GRPO advantages:", np.round(np.asarray(pl.group_advantages(rewards)), 3).tolist())
+print("GRPO advantages:", np.round(np.asarray(policy_losses.group_advantages(rewards)), 3).tolist())
 print("DS advantages:  ", np.round(np.asarray(ds.ds_advantages(rewards, seq_logp, gamma_p=0.1, gamma_n=0.05)), 3).tolist())
-print("pass@8 from 64 samples with 3 correct:", float(pl.pass_at_k(64, 3, 8)).__round__(3))
+print("pass@8 from 64 samples with 3 correct:", float(policy_losses.pass_at_k(64, 3, 8)).__round__(3))
 
 # %%
 import jax

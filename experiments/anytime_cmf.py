@@ -51,6 +51,7 @@ import numpy as np
 import tqdm
 
 from algorithms.statistics import anytime_valid as av
+from experiments import _plotting as plotting
 from experiments import registry, report
 from primitives import confidence_sequences as cs
 
@@ -566,18 +567,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _plot_null(null, c: Config, workdir: pathlib.Path) -> str:
-    plt = _plt()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(11, 4))
     t = np.arange(1, c.horizon + 1)
     main = next(iter(null))
     v = null[main]
@@ -604,9 +595,8 @@ def _plot_null(null, c: Config, workdir: pathlib.Path) -> str:
 
 
 def _plot_power(power, c: Config, workdir: pathlib.Path) -> str:
-    plt = _plt()
     shapes = list(power)
-    fig, axes = plt.subplots(2, len(shapes), figsize=(3.2 * len(shapes), 6.4), squeeze=False)
+    fig, axes = plotting.subplots(2, len(shapes), figsize=(3.2 * len(shapes), 6.4), squeeze=False)
     t = np.arange(1, c.horizon + 1)
     top = max(c.signals)
     styles = {"gaavi": dict(color="k", lw=2), "oracle": dict(color="tab:green", ls="--"),
@@ -622,8 +612,7 @@ def _plot_power(power, c: Config, workdir: pathlib.Path) -> str:
 
 
 def _plot_oracle(oracle, c: Config, workdir: pathlib.Path) -> str:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, ax = plotting.subplots(figsize=(5.5, 3.8))
     al = list(oracle)
     ax.plot(al, [oracle[x]["ratio_default_rho"] for x in al], marker="o", label="rho = r(alpha) V_m (default)")
     ax.plot(al, [oracle[x]["ratio_planned_rho"] for x in al], marker="s", label="rho planned at 2 log(1/alpha)/I")
@@ -636,8 +625,7 @@ def _plot_oracle(oracle, c: Config, workdir: pathlib.Path) -> str:
 
 
 def _plot_trial_cs(trial, coverage, c: Config, workdir: pathlib.Path) -> str:
-    plt = _plt()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(11, 4))
     t = np.arange(1, c.horizon + 1)
     for dl, v in trial.items():
         for m, ls in (("gaavi", "-"), ("ate", ":"), ("linear", "--")):

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from algorithms.optimization import benchmark_game as bg
+from experiments import _plotting as plotting
 from experiments import registry, report
 
 
@@ -354,17 +355,12 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
 
 
 def _plot_standard(p, c: Config) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     game, traj = p["game"], p["traj"]
     n = traj.shape[1]
     steps = min(traj.shape[0], 3 * 100 * n)
     eff = np.asarray(game.efforts)[traj[:steps]]
     scores = np.asarray(game.scores)[np.arange(n)[None, :], traj[:steps]]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(10, 3.4))
     for i in range(n):
         ax1.plot(eff[:, i], label=f"theta={c.thetas[i]:g}")
         ax2.plot(scores[:, i], label=f"theta={c.thetas[i]:g}")
@@ -383,13 +379,8 @@ def _save(fig, name: str) -> str:
 
 
 def _plot_tbt(b, p, c: Config) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     deltas, rows, gaps = p["deltas"], p["rows"], p["gaps"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(10, 3.4))
     c_req = np.array([r["cost_e_req"] for r in rows])
     for r in range(c_req.shape[1]):
         y = np.where(np.isfinite(c_req[:, r]), c_req[:, r], np.nan)
@@ -409,12 +400,7 @@ def _plot_tbt(b, p, c: Config) -> str:
 
 
 def _plot_scaling(p, c: Config) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.4))
+    fig, ax = plotting.subplots(figsize=(5, 3.4))
     for k, (pw, ds) in enumerate(p["curves"].items()):
         ax.loglog(p["gaps"], np.where(ds > 0, ds, np.nan), "o-", color=f"C{k}", label=f"c(e) = e^{pw:g}")
         ax.loglog(p["gaps"], np.maximum(p["gaps"] ** (1 / pw) / p["rho"] - 1, np.nan), ":", color=f"C{k}",
@@ -425,13 +411,8 @@ def _plot_scaling(p, c: Config) -> str:
 
 
 def _plot_fig1(p, c: Config) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps, obs = p["steps"], p["obs"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(10, 3.4))
     xs = np.linspace(0, steps[-1], 200)
     m = obs.shape[0]
     true_y = np.asarray(p["true"](jnp.broadcast_to(jnp.asarray(xs), (m, xs.shape[0]))))

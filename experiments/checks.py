@@ -14,9 +14,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
-__all__ = ["Check"]
+__all__ = ["Check", "verdict"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +30,8 @@ class Check:
       threshold: the pass rule fixed in advance (text, e.g. ">= 1.15").
       passed: whether ``measured`` meets ``threshold``.
       note: context (workload, setting) or why the check is weak.
+      required: whether the check decides the verdict; a non-required check (diagnostic, secondary
+        claim) is reported in the sentence and in ``result.json`` but does not decide.
     """
 
     name: str
@@ -38,14 +40,74 @@ class Check:
     threshold: str
     passed: bool
     note: str = ""
+    required: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["passed"] = bool(self.passed)
+        d["required"] = bool(self.required)
         return d
 
     def line(self) -> str:
         m = f"{self.measured:.3g}" if isinstance(self.measured, float) else str(self.measured)
         note = f" [{self.note}]" if self.note else ""
+        info = "" if self.required else " (not required)"
         return (f"{self.name}: {m} (paper {self.paper}; pass if {self.threshold}): "
-                f"{'PASS' if self.passed else 'FAIL'}{note}")
+                f"{'PASS' if self.passed else 'FAIL'}{info}{note}")
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return text if not text or text[-1] in ".!?" else text + "."
+
+
+def verdict(checks: Sequence[Check], *, claim: str = "", context: str = "",
+            cause: str = "") -> tuple[str, bool]:
+    """Writes an experiment's verdict from its checks.
+
+    The run reproduces the claim when every check with ``required=True`` passed; non-required checks
+    are listed but do not decide. The sentence is a head ("Reproduced: <claim>" or "Not reproduced:
+    <claim>"), each check's `Check.line`, then ``context`` (setting, scale) and, only when not
+    reproduced, ``cause`` (scale limit, check stricter than the paper, bug, doubtful spec part).
+
+    Args:
+      checks: the run's checks, in the order they should be reported.
+      claim: the paper's claim in a few words (the head of the sentence).
+      context: the setting and scale of the run, numbers not covered by a check.
+      cause: why a failing run failed; written only when not reproduced.
+
+    Returns:
+      ``(sentence, reproduced)``.
+
+    Raises:
+      ValueError: if ``checks`` holds no required check (nothing would decide the verdict).
+
+    Example:
+        >>> checks = [Check("speedup", measured=1.8, paper="2x", threshold=">= 1.5", passed=True),
+        ...           Check("memory ratio", measured=0.9, paper="< 1", threshold="< 0.8",
+        ...                 passed=False, required=False)]
+        >>> text, ok = verdict(checks, claim="faster decoding", context="smoke scale, 2 seeds")
+        >>> ok
+        True
+        >>> print(text)
+        Reproduced: faster decoding. speedup: 1.8 (paper 2x; pass if >= 1.5): PASS; memory ratio: 0.9 (paper < 1; pass if < 0.8): FAIL (not required). smoke scale, 2 seeds.
+    """
+    checks = list(checks)
+    for ch in checks:
+        if not isinstance(ch, Check):
+            raise TypeError(f"checks must be Check records, got {type(ch).__name__}")
+    required = [ch for ch in checks if ch.required]
+    if not required:
+        raise ValueError(f"verdict needs at least one required check, got {len(checks)} checks "
+                         "none of which is required")
+    reproduced = all(bool(ch.passed) for ch in required)
+    head = ("Reproduced" if reproduced else "Not reproduced") + (f": {claim.strip()}" if claim.strip() else "")
+    parts = [_sentence(head)]
+    if checks:
+        parts.append(_sentence("; ".join(ch.line() for ch in checks)))
+    if context.strip():
+        parts.append(_sentence(context))
+    if not reproduced and cause.strip():
+        parts.append(_sentence(f"Cause: {cause.strip()}" if not cause.strip().lower().startswith("cause")
+                               else cause))
+    return " ".join(parts), reproduced

@@ -39,6 +39,7 @@ import numpy as np
 import tqdm
 
 from algorithms.statistics import conformal as C
+from experiments import _plotting as plotting
 from experiments import registry, report
 from primitives import conformal as cp
 
@@ -355,9 +356,7 @@ def _closed_forms(c: Config) -> dict:
 
 
 def _plot_table1(c, syn, workdir):
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plotting.subplots(1, 2, figsize=(10, 3.8))
     for i, a in enumerate(c.alphas):
         row = syn["table"][f"{a:g}"]
         ps = [p for p in c.ps]
@@ -380,9 +379,7 @@ def _plot_table1(c, syn, workdir):
 
 
 def _plot_sweep(c, sw, workdir):
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, ax = plotting.subplots(figsize=(5.5, 3.8))
     d = np.array(sw["length_diff"])
     ax.errorbar(sw["mu"], d[:, 0], yerr=3 * d[:, 1], fmt="o", capsize=3, label=f"Monte Carlo ({c.sweep_seeds} seeds)")
     ax.plot(sw["mu"], sw["theory_length_diff"], "-", label="theory: folded normal p G(q/p) - G(q)")
@@ -395,9 +392,7 @@ def _plot_sweep(c, sw, workdir):
 
 
 def _plot_real(c, dia, dig, workdir):
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plotting.subplots(1, 2, figsize=(10, 3.8))
     bs = list(c.diabetes_biases)
     for key, col in (("PT-VCP minus VCP length", "C0"), ("PT-CQR minus CQR length", "C1")):
         v = np.array([dia["by_bias"][f"{b:g}"][key] for b in bs])
@@ -424,10 +419,8 @@ def _plot_real(c, dia, dig, workdir):
 
 
 def _plot_stability(c, st, workdir):
-    import matplotlib.pyplot as plt
-
     names = list(st)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, axes = plotting.subplots(1, 2, figsize=(11, 3.8))
     for ax, red in zip(axes, ("variance", f"sem_r{min(50, c.stability_runs)}")):
         vals = [max(st[nm][red], 1e-6) for nm in names]
         ax.bar(range(len(names)), vals, color=["C3" if "PT" in nm else "C0" for nm in names])
@@ -444,9 +437,7 @@ def _plot_stability(c, st, workdir):
 
 
 def _plot_closed(c, cf, workdir):
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = plotting.subplots(1, 2, figsize=(10, 3.6))
     for a in c.alphas:
         d = cf[f"{a:g}"]
         axes[0].plot(d["p"], d["example3_ratio"], label=f"alpha={a:g}")

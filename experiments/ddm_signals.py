@@ -37,7 +37,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from algorithms.optimization import drift_diffusion as ddo
+from experiments import _plotting as plotting
 from experiments import registry, report
+from experiments.checks import Check
+from experiments.checks import verdict as verdict_from_checks
 from primitives import drift_diffusion as dd
 
 SHAPES = ("step_up", "step_down", "pulse", "decay", "transient", "sinusoid")
@@ -313,7 +316,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         timing = timing_study(c, k_timing, bar) if "timing" in c.studies else []
         env = watch_time_study(c, k_env, bar) if "watch_time" in c.studies else None
 
-    parts, oks = [], {}
+    checks, parts = [], []
     metrics = {"accuracy": accuracy, "anchors": anchors, "timing": timing, "watch_time": env}
     if accuracy:
         # The error at the largest a is below the smallest a's for every shape, and strictly decreasing
@@ -321,55 +324,67 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         shrink = {s: r["sup_cdf_error"][-1] < r["sup_cdf_error"][0] for s, r in accuracy.items()}
         step_err = accuracy["step_up"]["sup_cdf_error"] if "step_up" in accuracy else []
         step_monotone = all(x > y for x, y in zip(step_err[:-1], step_err[1:]))
-        oks["accuracy shrinking with a"] = all(shrink.values()) and step_monotone
         acc_txt = ", ".join(f"{sh} {r['sup_cdf_error'][0]:.2g}->{r['sup_cdf_error'][-1]:.2g}"
                             for sh, r in accuracy.items())
         not_shrinking = [k for k, v in shrink.items() if not v]
         shrink_txt = "shrinks for every shape" if not not_shrinking else f"does NOT shrink for {not_shrinking}"
-        anchor_txt = ""
+        checks.append(Check(
+            f"closed-form FPT error vs the integral equation, sup|F_hat-F| from a={c.accuracy_thresholds[0]:g} "
+            f"to a={c.accuracy_thresholds[-1]:g}", measured=acc_txt,
+            paper="approximation exact in the high-threshold limit (error shrinks as a grows)",
+            threshold="error at the largest a < at the smallest a for every shape, and strictly decreasing "
+                      "over a for step_up",
+            passed=bool(all(shrink.values()) and step_monotone),
+            note=shrink_txt + ("" if step_monotone else "; step-up not monotone")))
         if anchors:
             dev = max(v["max_abs_vs_spec_approx"] for v in anchors.values())
-            anchor_txt = f" The spec's approximation anchors are matched to {dev:.1e}."
-        parts.append(f"Closed-form FPT error vs the integral equation, sup|F_hat-F| from "
-                     f"a={c.accuracy_thresholds[0]:g} to a={c.accuracy_thresholds[-1]:g}: {acc_txt} ({shrink_txt}"
-                     f"{'' if step_monotone else '; step-up not monotone'}).{anchor_txt}")
-        metrics["accuracy_ok"] = oks["accuracy shrinking with a"]
+            parts.append(f"The spec's approximation anchors are matched to {dev:.1e}.")
+        metrics["accuracy_ok"] = checks[-1].passed
     if timing:
         a_max, a_min = max(c.timing_thresholds), min(c.timing_thresholds)
         rel_max = [r["rel_regret"] for r in timing if r["a"] == a_max]
         rel_min = [r["rel_regret"] for r in timing if r["a"] == a_min]
         abs_max = [r["regret"] for r in timing if r["a"] == a_max]
         median_rel_max, median_rel_min = float(np.median(rel_max)), float(np.median(rel_min))
-        oks["timing"] = median_rel_max <= c.timing_max_rel_regret
         wrong_type = [r for r in timing if (r["tau_mc"] == 0.0) != (r["tau_approx"] < 1e-6)]
+        checks.append(Check(
+            f"timing: median regret of tau*_approx relative to the timing gain at a={a_max:g}", median_rel_max,
+            paper="closed-form optimal timing near the Monte-Carlo optimum",
+            threshold=f"<= {c.timing_max_rel_regret:g}", passed=median_rel_max <= c.timing_max_rel_regret,
+            note=f"{median_rel_min:.0%} at a={a_min:g}; max absolute regret {max(abs_max):.4f}"))
         parts.append(
-            f"Timing: median regret of tau*_approx relative to the timing gain {median_rel_min:.0%} at a={a_min:g} "
-            f"and {median_rel_max:.0%} at a={a_max:g} (max absolute regret {max(abs_max):.4f}); "
-            f"{len(wrong_type)}/{len(timing)} configs put tau*_approx at the wrong kind of optimum (boundary tau=0 "
-            f"vs interior; for non-negative kernels the exact optimum is tau=0 by pathwise dominance).")
-        metrics.update(timing_ok=oks["timing"], timing_median_rel_regret_max_a=median_rel_max,
+            f"Timing: {len(wrong_type)}/{len(timing)} configs put tau*_approx at the wrong kind of optimum (boundary "
+            f"tau=0 vs interior; for non-negative kernels the exact optimum is tau=0 by pathwise dominance).")
+        metrics.update(timing_ok=checks[-1].passed, timing_median_rel_regret_max_a=median_rel_max,
                        timing_median_rel_regret_min_a=median_rel_min, timing_wrong_type=len(wrong_type))
     if env is not None:
         s = env["scores"]
-        oks["watch-time fit"] = (s["tangent"]["nll"] < s["constant"]["nll"]
-                                 and s["tangent"]["crps"] < s["constant"]["crps"])
-        parts.append(
-            f"Watch time: held-out NLL {s['tangent']['nll']:.3f} (signals in the drift) vs {s['constant']['nll']:.3f} "
-            f"(constant drift), oracle {s['oracle']['nll']:.3f}; CRPS {s['tangent']['crps']:.3f} vs "
-            f"{s['constant']['crps']:.3f}; Brier {s['tangent']['brier']:.4f} vs {s['constant']['brier']:.4f}.")
-        metrics.update(env_ok=oks["watch-time fit"], nll_tangent=s["tangent"]["nll"], nll_constant=s["constant"]["nll"],
-                       nll_oracle=s["oracle"]["nll"], crps_tangent=s["tangent"]["crps"],
-                       crps_constant=s["constant"]["crps"])
-    failed = [name for name, ok in oks.items() if not ok]
+        checks += [
+            Check("watch time: held-out NLL, signals in the drift (closed form)", s["tangent"]["nll"],
+                  paper="signals in the drift fit watch time better than a constant drift",
+                  threshold=f"< constant-drift NLL {s['constant']['nll']:.3f}",
+                  passed=s["tangent"]["nll"] < s["constant"]["nll"], note=f"oracle {s['oracle']['nll']:.3f}"),
+            Check("watch time: held-out CRPS, signals in the drift (closed form)", s["tangent"]["crps"],
+                  paper="signals in the drift fit watch time better than a constant drift",
+                  threshold=f"< constant-drift CRPS {s['constant']['crps']:.3f}",
+                  passed=s["tangent"]["crps"] < s["constant"]["crps"]),
+        ]
+        parts.append(f"Watch time Brier {s['tangent']['brier']:.4f} (signals in the drift) vs "
+                     f"{s['constant']['brier']:.4f} (constant drift).")
+        metrics.update(env_ok=checks[-1].passed and checks[-2].passed, nll_tangent=s["tangent"]["nll"],
+                       nll_constant=s["constant"]["nll"], nll_oracle=s["oracle"]["nll"],
+                       crps_tangent=s["tangent"]["crps"], crps_constant=s["constant"]["crps"])
     skipped = [x for x in STUDIES if x not in c.studies]
-    if skipped:
+    claim = "the tangent-line closed form approximates the FPT law, its optimal timing and watch time"
+    verdict, reproduced = verdict_from_checks(
+        checks, claim=claim, context=" ".join(parts),
+        cause="scale limit or a doubtful inferred spec part (the closed form is reconstructed from the abstract)")
+    if skipped:  # a partial run decides nothing: replace the head
+        head = f"{'Reproduced' if reproduced else 'Not reproduced'}: {claim}."
+        outcome = "no check failed" if reproduced else "some check failed"
+        verdict = f"Partial run (skipped {skipped}); {outcome}." + verdict.removeprefix(head)
         reproduced = None
-        outcome = "no study failed" if not failed else "failed: " + ", ".join(failed)
-        head = f"Partial run (skipped {skipped}); {outcome}"
-    else:
-        reproduced = not failed
-        head = "Reproduced" if reproduced else "Partly reproduced; failed: " + ", ".join(failed)
-    verdict = f"{head}. " + " ".join(parts)
+    metrics["checks"] = [ch.as_dict() for ch in checks]
     plots = []
     if accuracy:
         plots.append(_plot_accuracy(accuracy, workdir))
@@ -383,12 +398,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
 
 
 def _plot_accuracy(accuracy, workdir):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(10, 3.6))
     for shape, r in accuracy.items():
         (line,) = ax1.loglog(r["a"], r["sup_cdf_error"], "o-", label=shape)
         ax1.loglog(r["a"], np.maximum(r["reference_error"], 1e-12), ":", color=line.get_color(), alpha=0.6)
@@ -401,12 +411,7 @@ def _plot_accuracy(accuracy, workdir):
 
 
 def _plot_anchors(anchors, workdir):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(anchors), figsize=(4.5 * len(anchors), 3.4))
+    fig, axes = plotting.subplots(1, len(anchors), figsize=(4.5 * len(anchors), 3.4))
     for ax, (a, v) in zip(np.atleast_1d(axes), anchors.items()):
         ax.plot(v["t"], v["volterra"], "k-", label="integral equation")
         ax.plot(v["t"], v["ours_approx"], "o--", label="closed form (ours)")
@@ -417,15 +422,10 @@ def _plot_anchors(anchors, workdir):
 
 
 def _plot_timing(timing, workdir):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     n = len(timing)
     cols = min(4, n)
     rows = int(math.ceil(n / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False)
+    fig, axes = plotting.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False)
     for ax, r in zip(axes.ravel(), timing):
         g, mc, se = np.asarray(r["grid"]), np.asarray(r["mc_curve"]), np.asarray(r["mc_se"])
         ax.fill_between(g, mc - 2 * se, mc + 2 * se, color="C0", alpha=0.3)
@@ -445,14 +445,9 @@ def _plot_timing(timing, workdir):
 
 
 def _plot_watch_time(env, workdir):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     s = env["scores"]
     models = ["tangent", "constant", "oracle"]
-    fig, axes = plt.subplots(1, 5, figsize=(15, 3.2))
+    fig, axes = plotting.subplots(1, 5, figsize=(15, 3.2))
     for ax, metric in zip(axes[:4], ["nll", "crps", "mae_median", "brier"]):
         vals = [s[m][metric] for m in models]
         ax.bar(models, vals, color=["C1", "C0", "0.6"])

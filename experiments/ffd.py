@@ -67,6 +67,7 @@ import numpy as np
 import tqdm
 from flax import nnx
 
+from experiments import _plotting as plotting
 from experiments import _long_context as lc
 from experiments import registry, report
 from experiments.checks import Check
@@ -480,18 +481,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     }
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _plot_part1(part1, c: Config, workdir: pathlib.Path) -> str:
-    plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    fig, axes = plotting.subplots(1, 3, figsize=(12, 3.6))
     for gap, rows in part1.items():
         d = [r["delta"] for r in rows]
         axes[0].plot(d, [r["kept"] for r in rows], "o-", label=f"gap {gap}")
@@ -508,8 +499,7 @@ def _plot_part1(part1, c: Config, workdir: pathlib.Path) -> str:
 
 
 def _plot_part2(part2, workdir: pathlib.Path) -> str:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plotting.subplots(figsize=(6, 4))
     rows = part2["rows"]
     kept = [r["kept"] for r in rows]
     for name, style in (("top_delta", "o-"), ("top_k", "s--"), ("quest", "^:")):
@@ -521,9 +511,8 @@ def _plot_part2(part2, workdir: pathlib.Path) -> str:
 
 
 def _plot_end_to_end(c: Config, results: dict, workdir: pathlib.Path) -> str:
-    plt = _plt()
     names = list(results)
-    fig, axes = plt.subplots(1, len(names), figsize=(4.4 * len(names), 3.8), squeeze=False)
+    fig, axes = plotting.subplots(1, len(names), figsize=(4.4 * len(names), 3.8), squeeze=False)
     for ax, name in zip(axes[0], names):
         rows = results[name]["rows"]
         for method, style, label in (("ffd", "o-", "FFD top-delta"), ("top_k", "s--", "global top-k"),

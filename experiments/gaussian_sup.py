@@ -38,6 +38,7 @@ import jax
 import numpy as np
 
 from algorithms.optimization import gaussian_sup as vs
+from experiments import _plotting as plotting
 from experiments import registry, report
 from primitives import gaussian_sup as gs
 
@@ -326,18 +327,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
 # Plots.
 # ----------------------------------------------------------------------------------------------
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _plot_ptas(ptas, workdir: pathlib.Path) -> str:
-    plt = _plt()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(10, 3.8))
     rows = ptas["rows"]
     eps = sorted({r["eps"] for r in rows})
     for n in sorted({r["n"] for r in rows}):
@@ -353,8 +344,7 @@ def _plot_ptas(ptas, workdir: pathlib.Path) -> str:
 
 
 def _plot_greedy(greedy, workdir: pathlib.Path) -> str:
-    plt = _plt()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(10, 3.8))
     ax1.hist(greedy["level_ratios"], bins=20, color="tab:blue")
     ax1.axvline(1 - 1 / math.e, color="k", ls="--", label="1 - 1/e")
     ax1.set(xlabel="greedy / exhaustive (same level, same size)", ylabel="count", title="Algorithm 3 levels")
@@ -369,8 +359,7 @@ def _plot_greedy(greedy, workdir: pathlib.Path) -> str:
 
 
 def _plot_families(fam, c: Config, workdir: pathlib.Path) -> str:
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(c.family_mus), figsize=(5 * len(c.family_mus), 3.8), squeeze=False)
+    fig, axes = plotting.subplots(1, len(c.family_mus), figsize=(5 * len(c.family_mus), 3.8), squeeze=False)
     p = np.arange(1, c.family_n + 1) / c.family_n
     for ax, mu0 in zip(axes[0], c.family_mus):
         for st in c.structures:
@@ -381,8 +370,7 @@ def _plot_families(fam, c: Config, workdir: pathlib.Path) -> str:
 
 
 def _plot_concentration(fam, hyper, c: Config, workdir: pathlib.Path) -> str:
-    plt = _plt()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(10, 3.8))
     p = np.arange(1, c.family_n + 1) / c.family_n
     for key, v in fam.items():
         ax1.plot(p[1:], v["participation_ratio"][1:], marker="o", label=key)

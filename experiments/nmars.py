@@ -71,8 +71,11 @@ from flax import nnx
 from algorithms import training
 from algorithms.rl import grpo
 from algorithms.rl import nmars
+from experiments import _plotting as plotting
 from experiments import registry, report
 from experiments._measure import complete_prompts
+from experiments.checks import Check
+from experiments.checks import verdict as verdict_from_checks
 from experiments.tasks import ArithmeticTask, lm_batch, prompt_batch
 from experiments.tasks.sorting import SortingTask
 from models import Transformer, TransformerConfig
@@ -297,7 +300,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                "base_train_loss": base["history"][-1]["loss"],
                "rl_reward_first": history[0]["reward_mean"] if history else None,
                "rl_reward_last": history[-1]["reward_mean"] if history else None}
-    verdict, reproduced = _verdict(evals, c, len(prompts))
+    verdict, reproduced, checks = _verdict(evals, c, len(prompts))
+    metrics["checks"] = [ch.as_dict() for ch in checks]
     plots = [_plot(evals, history, workdir)]
     return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots}
 
@@ -332,34 +336,42 @@ def _verdict(evals: dict, c: Config, n: int):
         f"(one seed; SE of an EM near 0.5 is about {_se(0.5, n):.3f}).",
         "; ".join(row(a) for a in ["base", *ARMS, "C_msft_no_undo"] if a in evals) + ".",
     ]
-    if "D_msft_grpo" not in evals:
-        parts.append("No GRPO arm ran (rl_steps=0): criterion not evaluated.")
-        return " ".join(parts), None
+    # Criterion fixed in advance: C beats A and B on sampled EM, and GRPO raises UNDO precision.
     ca, cb = em("C_msft", "sampled") - em("A_sft", "sampled"), em("C_msft", "sampled") - em("B_aug_unmasked", "sampled")
-    pc, pd = evals["C_msft"]["sampled"]["precision"], evals["D_msft_grpo"]["sampled"]["precision"]
-    ok_sft = ca > 0 and cb > 0
-    ok_rl = bool(np.isfinite(pd) and (not np.isfinite(pc) or pd > pc))
-    parts.append(
-        f"Criterion (fixed in advance): C beats A and B on sampled EM (C-A {ca:+.3f}, C-B {cb:+.3f}; "
-        f"SE of a difference about {np.sqrt(2) * _se(em('C_msft', 'sampled'), n):.3f}): {'yes' if ok_sft else 'no'}; "
-        f"GRPO raises UNDO precision ({pc:.2f} -> {pd:.2f}): {'yes' if ok_rl else 'no'}.")
+    se_diff = f"SE of a difference about {np.sqrt(2) * _se(em('C_msft', 'sampled'), n):.3f}"
+    checks = [
+        Check("sampled exact match, masked SFT (C) minus plain SFT (A)", ca, paper="19.3 - 8.8 = +10.5 (GSM8K)",
+              threshold="> 0", passed=ca > 0, note=se_diff),
+        Check("sampled exact match, masked SFT (C) minus SFT on augmented traces unmasked (B)", cb,
+              paper="19.3 - 7.8 = +11.5 (GSM8K)", threshold="> 0", passed=cb > 0, note=se_diff),
+    ]
+    has_rl = "D_msft_grpo" in evals
+    if has_rl:
+        pc, pd = evals["C_msft"]["sampled"]["precision"], evals["D_msft_grpo"]["sampled"]["precision"]
+        checks.append(Check("sampled UNDO precision after GRPO (D)", pd, paper="GRPO rewards effective UNDOs",
+                            threshold=f"> masked SFT (C) precision {pc:.2f} (or C has no UNDO)",
+                            passed=bool(np.isfinite(pd) and (not np.isfinite(pc) or pd > pc))))
+    else:
+        parts.append("No GRPO arm ran (rl_steps=0): criterion not evaluated.")
     if evals["C_msft_no_undo"]["sampled"]["exact_match"] > em("C_msft", "sampled"):
         parts.append(f"C decoded with p(UNDO)=0 samples better ({em('C_msft_no_undo', 'sampled'):.3f}) than with "
                      f"its UNDOs: at this scale its UNDOs mostly erase correct tokens.")
-    reproduced = bool(ok_sft and ok_rl)
-    parts.append("Direction reproduced." if reproduced else "Direction NOT fully reproduced at this scale.")
-    return " ".join(parts), reproduced
+    claim = "masked SFT beats SFT and unmasked augmented SFT, and GRPO raises UNDO precision"
+    verdict, reproduced = verdict_from_checks(
+        checks, claim=claim, context=" ".join(parts),
+        cause="scale limit: the tiny model has not learned when to undo (one seed; differences within about two "
+              "standard errors are noise)")
+    if not has_rl:  # the criterion needs the GRPO arm: nothing is decided
+        head = f"{'Reproduced' if reproduced else 'Not reproduced'}: {claim}."
+        verdict = "Not decided (no GRPO arm)." + verdict.removeprefix(head)
+        reproduced = None
+    return verdict, reproduced, checks
 
 
 def _plot(evals: dict, history: list, workdir: pathlib.Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(evals)
     x = np.arange(len(names))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plotting.subplots(1, 3, figsize=(15, 4))
     for i, mode in enumerate(("greedy", "sampled")):
         axes[0].bar(x + (i - 0.5) * 0.38, [evals[n][mode]["exact_match"] for n in names], 0.38, label=mode)
     axes[0].set_xticks(x, names, rotation=30, fontsize=7)

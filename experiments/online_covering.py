@@ -41,6 +41,7 @@ import numpy as np
 import tqdm
 
 from algorithms.optimization import online_covering as oc
+from experiments import _plotting as plotting
 from experiments import registry, report
 
 WRAPPERS = ("online", "trust", "lazy", "robust")
@@ -293,14 +294,9 @@ _STYLE = {"online": ("k", "--", "ON (no prediction)"), "trust": ("tab:red", "-",
 
 
 def _grid(n):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cols = min(n, 3)
     rows = int(np.ceil(n / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
+    fig, axes = plotting.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
     for ax in axes.ravel()[n:]:
         ax.axis("off")
     return fig, axes.ravel()
@@ -333,12 +329,7 @@ def _plot_decoys(tables, inst, workdir):
 
 
 def _plot_diamond(dia, c, workdir):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(4.6, 3.4))
+    fig, ax = plotting.subplots(figsize=(4.6, 3.4))
     ks = np.array(dia["level"])
     for w in WRAPPERS:
         col, ls, name = _STYLE[w]
@@ -351,12 +342,7 @@ def _plot_diamond(dia, c, workdir):
 
 
 def _plot_robust(rows, bound, workdir):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(4.6, 3.2))
+    fig, ax = plotting.subplots(figsize=(4.6, 3.2))
     vals = np.array([x["robust_over_online"] for x in rows])
     ax.hist(vals, bins=30, color="tab:green")
     ax.axvline(bound, color="k", ls="--", label=f"proven bound {bound:g}")

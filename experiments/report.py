@@ -45,12 +45,9 @@ def _jsonable(x: Any) -> Any:
 
 
 def savefig(fig, path: pathlib.Path) -> str:
-    """Saves a matplotlib figure as PNG, closes it, returns the file name."""
-    import matplotlib.pyplot as plt
-
+    """Saves a matplotlib figure (see `experiments._plotting`) as PNG and returns the file name."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return pathlib.Path(path).name
 
 

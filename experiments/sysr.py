@@ -41,7 +41,10 @@ import numpy as np
 import tqdm
 
 from algorithms.statistics import best_arm
+from experiments import _plotting as plotting
+from experiments import checks as checks_lib
 from experiments import registry, report
+from experiments.checks import Check
 
 INF = math.inf
 _CACHE_VERSION = 2  # bump when the algorithms' random streams change (invalidates cached runs)
@@ -158,10 +161,20 @@ def _label_s(s: float) -> str:
     return "inf" if math.isinf(s) else f"{s:g}"
 
 
-def run(c: Config, workdir: pathlib.Path) -> dict:
-    _validate(c)
-    workdir = pathlib.Path(workdir)
-    fr, budgets = _grid(c)
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """One study's result: its claim checks, the numbers its verdict reports beside them, its metrics
+    (keys of ``result.json``) and its figures."""
+
+    checks: list[Check]
+    context: str
+    metrics: dict
+    plots: list[str]
+
+
+def sweep(c: Config, fr: np.ndarray, budgets: tuple[int, ...], workdir: pathlib.Path) -> tuple[dict, dict]:
+    """Every method at every budget on the benchmark of every noise scale: per-scale errors, curves,
+    confidence budgets, paired SR - SySRs differences and hardness; and seconds per method."""
     k_arms = c.num_models
     bench_key = jax.random.fold_in(jax.random.key(c.seed), 0)  # same draws at every noise scale
     tasks = [(s, m) for s in c.noise_scales for m in _methods(c, s in c.ucb_noise_scales)]
@@ -197,20 +210,13 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
             "bound_sysr": best_arm.error_bound(np.array(budgets), k_arms, h_sy),
         }
     bar.close()
+    return per_scale, timings
 
-    # Claims.
+
+def comparison_study(c: Config, per_scale: dict, fr: np.ndarray, workdir: pathlib.Path) -> Study:
+    """SySRs against every baseline on the UCB benchmark(s): average error over budgets (no baseline
+    significantly below SySRs: paired z > -2) and worst-case confidence budget CB(tau) (the lowest)."""
     finite = [s for s in c.noise_scales if not math.isinf(s)]
-    savings = [per_scale[s]["saving"] for s in sorted(finite)]
-    slack = [2.0 * per_scale[s]["sr_minus_sysr_se"] / max(per_scale[s]["mean_error"]["SR"], 1e-9)
-             for s in sorted(finite)]
-    z_small = (per_scale[min(finite)]["sr_minus_sysr"] / per_scale[min(finite)]["sr_minus_sysr_se"]
-               if finite and per_scale[min(finite)]["sr_minus_sysr_se"] > 0 else 0.0)
-    gap_grows = bool(finite) and z_small > 3.0 and all(
-        savings[i] >= savings[i + 1] - slack[i] - slack[i + 1] for i in range(len(savings) - 1))
-    indep = per_scale.get(INF)
-    indep_z = indep["sr_minus_sysr"] / indep["sr_minus_sysr_se"] if indep and indep["sr_minus_sysr_se"] > 0 else 0.0
-    vanishes = indep is None or abs(indep_z) < 3.0
-
     ucb_scales = list(c.ucb_noise_scales)
     labels = list(per_scale[ucb_scales[0]]["errs"]) if ucb_scales else ["SySRs", "SR", "Naive (shared uniform)",
                                                                          "Uniform"]
@@ -232,37 +238,27 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     lowest_cb = all(worst_cb["SySRs"] <= v for lab, v in worst_cb.items())
     worst_cb_by_tau = {f"{t:g}": {lab: max(per_scale[s]["confidence_budget"][lab][f"{t:g}"] for s in comp_scales)
                                   for lab in labels} for t in c.taus}
-    reproduced = bool(gap_grows and vanishes and lowest_avg and lowest_cb)
-
-    main = per_scale[c.main_noise_scale]
-    plots = [_plot_main(main, fr, c, workdir), _plot_similarity(per_scale, fr, c, workdir),
-             _plot_hardness(per_scale, c, workdir)]
 
     def fmt_cb(v):
         return "not reached" if math.isinf(v) else f"{v:.0%}"
 
-    speed_txt = ", ".join(f"s={_label_s(s)}: {per_scale[s]['observed_speedup']:.2f}x" for s in c.noise_scales)
-    pred_txt = ", ".join(f"{per_scale[s]['predicted_speedup']:.2f}x" for s in c.noise_scales)
-    gap_txt = ", ".join(f"s={_label_s(s)}: {per_scale[s]['saving']:+.0%}" for s in c.noise_scales)
-    verdict = (
-        f"K={k_arms} models, N={c.num_prompts} prompts, budgets {fr[0]:.0%}-{fr[-1]:.0%} of the grid, "
-        f"{c.num_runs} runs. On the UCB benchmark(s) s={','.join(map(_label_s, comp_scales))}: average error "
-        f"SySRs {avg_err['SySRs']:.3f} vs best other {best_other} {avg_err[best_other]:.3f} and SR {avg_err['SR']:.3f}"
-        f" ({'lowest' if strictly_lowest else 'not the lowest'}; min paired z of a baseline vs SySRs "
-        f"{min(z_vs.values()):+.1f}); worst-case CB({tau_cb:.0%}) SySRs {fmt_cb(worst_cb['SySRs'])} vs "
-        f"best other {fmt_cb(min(v for lab, v in worst_cb.items() if lab != 'SySRs'))}"
-        + "".join(f"; CB({float(t):.0%}) {fmt_cb(d['SySRs'])} vs {fmt_cb(min(v for lab, v in d.items() if lab != 'SySRs'))}"
-                  for t, d in worst_cb_by_tau.items() if float(t) != tau_cb) + ". "
-        f"Error saved vs SR by similarity ({gap_txt}); at s=inf paired z={indep_z:+.1f}. Budget to reach "
-        f"{c.speedup_error:.0%} error, SR/SySRs: {speed_txt} (H_2/H_SySRs predicts {pred_txt}). "
-        + ("Reproduced." if reproduced else
-           "Not fully reproduced: " + ", ".join(name for name, ok in (
-               ("gap grows with similarity", gap_grows), ("vanishes for independent models", vanishes),
-               ("lowest average error", lowest_avg), ("lowest worst-case CB", lowest_cb)) if not ok) + " failed.")
-    )
+    best_other_cb = min(v for lab, v in worst_cb.items() if lab != "SySRs")
+    scales = ",".join(map(_label_s, comp_scales))
+    checks = [
+        Check(f"average error, min paired z of a baseline minus SySRs (s={scales})", min(z_vs.values()),
+              "SySRs has the lowest error at every budget", "> -2 for every baseline", lowest_avg),
+        Check(f"worst-case confidence budget CB({tau_cb:.0%}) of SySRs (s={scales})", fmt_cb(worst_cb["SySRs"]),
+              "SySRs reaches a given accuracy with the smallest budget",
+              f"<= every baseline (best other {fmt_cb(best_other_cb)})", lowest_cb),
+        Check(f"average error of SySRs (s={scales})", avg_err["SySRs"], "the lowest",
+              f"<= best other, {best_other} {avg_err[best_other]:.3f}", strictly_lowest, required=False,
+              note=f"SR {avg_err['SR']:.3f}"),
+    ]
+    context = ("Confidence budgets at the other tau, SySRs vs best other: "
+               + "; ".join(f"CB({float(t):.0%}) {fmt_cb(d['SySRs'])} vs "
+                           f"{fmt_cb(min(v for lab, v in d.items() if lab != 'SySRs'))}"
+                           for t, d in worst_cb_by_tau.items() if float(t) != tau_cb))
     metrics = {
-        "budget_fractions": fr.tolist(),
-        "budgets": list(budgets),
         "average_error": avg_err,
         "paired_z_baseline_minus_sysr": z_vs,
         "worst_case_confidence_budget": {lab: (None if math.isinf(v) else v) for lab, v in worst_cb.items()},
@@ -272,9 +268,67 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         "sysr_lowest_average_error": strictly_lowest,
         "sysr_not_beaten_significantly": lowest_avg,
         "sysr_lowest_worst_case_cb": lowest_cb,
-        "gap_grows_with_similarity": gap_grows,
-        "independent_paired_z": indep_z,
-        "gap_vanishes_independent": vanishes,
+    }
+    return Study(checks, context, metrics, [_plot_main(per_scale[c.main_noise_scale], fr, c, workdir)])
+
+
+def similarity_study(c: Config, per_scale: dict, fr: np.ndarray, workdir: pathlib.Path) -> Study:
+    """The SySRs-over-SR saving against similarity: significant at the most similar scale (paired z > 3),
+    non-increasing in s within 2 standard errors, and vanishing for independent models (|z| < 3 at s = inf);
+    observed against hardness-predicted speed-ups."""
+    finite = [s for s in c.noise_scales if not math.isinf(s)]
+    savings = [per_scale[s]["saving"] for s in sorted(finite)]
+    slack = [2.0 * per_scale[s]["sr_minus_sysr_se"] / max(per_scale[s]["mean_error"]["SR"], 1e-9)
+             for s in sorted(finite)]
+    z_small = (per_scale[min(finite)]["sr_minus_sysr"] / per_scale[min(finite)]["sr_minus_sysr_se"]
+               if finite and per_scale[min(finite)]["sr_minus_sysr_se"] > 0 else 0.0)
+    significant = bool(finite) and z_small > 3.0
+    monotone = all(savings[i] >= savings[i + 1] - slack[i] - slack[i + 1] for i in range(len(savings) - 1))
+    gap_grows = significant and monotone
+    indep = per_scale.get(INF)
+    indep_z = indep["sr_minus_sysr"] / indep["sr_minus_sysr_se"] if indep and indep["sr_minus_sysr_se"] > 0 else 0.0
+    vanishes = indep is None or abs(indep_z) < 3.0
+
+    gap_txt = ", ".join(f"s={_label_s(s)}: {per_scale[s]['saving']:+.0%}" for s in c.noise_scales)
+    speed_txt = ", ".join(f"s={_label_s(s)}: {per_scale[s]['observed_speedup']:.2f}x" for s in c.noise_scales)
+    pred_txt = ", ".join(f"{per_scale[s]['predicted_speedup']:.2f}x" for s in c.noise_scales)
+    checks = [
+        Check("gap grows with similarity: paired z of SR - SySRs error at the most similar s",
+              z_small, "SySRs beats SR when models are alike", "> 3",
+              significant, note=f"s={_label_s(min(finite))}" if finite else "no finite noise scale"),
+        Check("gap grows with similarity: error saved vs SR, by s", gap_txt, "the saving grows with similarity",
+              "non-increasing in s within 2 SE", monotone),
+        Check("gap vanishes for independent models: paired z at s=inf",
+              indep_z if indep is not None else "no s=inf benchmark", "no gain for independent models",
+              "|z| < 3", vanishes),
+    ]
+    context = (f"Budget to reach {c.speedup_error:.0%} error, SR/SySRs: {speed_txt} "
+               f"(H_2/H_SySRs predicts {pred_txt})")
+    metrics = {"gap_grows_with_similarity": gap_grows, "independent_paired_z": indep_z,
+               "gap_vanishes_independent": vanishes}
+    plots = [_plot_similarity(per_scale, fr, c, workdir), _plot_hardness(per_scale, c, workdir)]
+    return Study(checks, context, metrics, plots)
+
+
+def run(c: Config, workdir: pathlib.Path) -> dict:
+    _validate(c)
+    workdir = pathlib.Path(workdir)
+    fr, budgets = _grid(c)
+    per_scale, timings = sweep(c, fr, budgets, workdir)
+    comparison = comparison_study(c, per_scale, fr, workdir)
+    similarity = similarity_study(c, per_scale, fr, workdir)
+    checks = similarity.checks + comparison.checks
+    verdict, reproduced = checks_lib.verdict(
+        checks, claim="SySRs identifies the best model with fewer evaluations than Successive Rejects when the "
+        "models are alike (the saving grows with similarity and vanishes for independent models), and has the "
+        "lowest error and confidence budget among the baselines",
+        context=(f"K={c.num_models} models, N={c.num_prompts} prompts, budgets {fr[0]:.0%}-{fr[-1]:.0%} of the grid, "
+                 f"{c.num_runs} runs. {comparison.context}. {similarity.context}"))
+    metrics = {
+        "budget_fractions": fr.tolist(),
+        "budgets": list(budgets),
+        **comparison.metrics,
+        **similarity.metrics,
         "seconds_per_method": timings,
         "per_noise_scale": {
             _label_s(s): {
@@ -294,8 +348,10 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                 "observed_speedup_budget_ratio_at_speedup_error": v["observed_speedup"],
                 "min_bound_sysr": float(np.min(v["bound_sysr"])),
             } for s, v in per_scale.items()},
+        "checks": [ch.as_dict() for ch in checks],
     }
-    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots}
+    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced,
+            "plots": comparison.plots + similarity.plots}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -303,12 +359,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def _plot_main(main, fr, c: Config, workdir: pathlib.Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plotting.subplots(figsize=(7.5, 4.2))
     for lab, cur in main["curves"].items():
         style = {"SySRs": dict(color="k", lw=2.2), "SR": dict(color="tab:red", lw=1.8)}.get(lab, dict(lw=1, alpha=0.8))
         ls = "--" if lab.startswith("Smart") else ("-." if lab.startswith("UCB") else "-")
@@ -320,13 +371,8 @@ def _plot_main(main, fr, c: Config, workdir: pathlib.Path) -> str:
 
 
 def _plot_similarity(per_scale, fr, c: Config, workdir: pathlib.Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    colors = plt.cm.viridis(np.linspace(0, 0.9, len(per_scale)))
+    fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(10, 3.8))
+    colors = plotting.colormap("viridis")(np.linspace(0, 0.9, len(per_scale)))
     for col, (s, v) in zip(colors, per_scale.items()):
         ax1.plot(100 * fr, v["curves"]["SySRs"], color=col, lw=2, label=f"SySRs s={_label_s(s)}")
         ax1.plot(100 * fr, v["curves"]["SR"], color=col, lw=1, ls="--")
@@ -344,13 +390,8 @@ def _plot_similarity(per_scale, fr, c: Config, workdir: pathlib.Path) -> str:
 
 
 def _plot_hardness(per_scale, c: Config, workdir: pathlib.Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    colors = plt.cm.viridis(np.linspace(0, 0.9, len(per_scale)))
+    fig, ax = plotting.subplots(figsize=(7, 4.2))
+    colors = plotting.colormap("viridis")(np.linspace(0, 0.9, len(per_scale)))
     floor = 0.5 / c.num_runs
     xmax = 0.0
     for col, (s, v) in zip(colors, per_scale.items()):

@@ -56,17 +56,14 @@ import time
 
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from algorithms.decoding import generate, vegas  # noqa: E402
-from experiments import _long_context as lc  # noqa: E402
-from experiments import registry, report  # noqa: E402
-from experiments.checks import Check  # noqa: E402
-from models.kv_cache import KVCache  # noqa: E402
+from algorithms.decoding import generate, vegas
+from experiments import _long_context as lc
+from experiments import _plotting as plotting
+from experiments import registry, report
+from experiments.checks import Check
+from models.kv_cache import KVCache
 
 DRAFTER_NAMES = ("vegas", "streaming", "quest")
 ABLATIONS = {"first_last": dict(rows="first_last"), "all": dict(rows="all"),
@@ -421,8 +418,8 @@ def _verdict(c: Config, results: dict) -> tuple[str, bool]:
 
 def _plot_grid(c: Config, results: dict, workdir: pathlib.Path) -> str:
     names = list(results)
-    fig, axes = plt.subplots(len(names), len(c.gammas) + 1, figsize=(4.0 * (len(c.gammas) + 1), 3.4 * len(names)),
-                             squeeze=False)
+    fig, axes = plotting.subplots(len(names), len(c.gammas) + 1,
+                                  figsize=(4.0 * (len(c.gammas) + 1), 3.4 * len(names)), squeeze=False)
     xs = [100 * r for r in c.ratios]
     for row, wname in zip(axes, names):
         grid = results[wname]["grid"]
@@ -452,7 +449,7 @@ def _plot_grid(c: Config, results: dict, workdir: pathlib.Path) -> str:
 
 def _plot_acceptance(c: Config, results: dict, workdir: pathlib.Path) -> str:
     names = list(results)
-    fig, axes = plt.subplots(2, len(names), figsize=(4.4 * len(names), 7), squeeze=False)
+    fig, axes = plotting.subplots(2, len(names), figsize=(4.4 * len(names), 7), squeeze=False)
     g = max(c.gammas)
     for col, wname in zip(axes.T, names):
         r = results[wname]

@@ -1,9 +1,22 @@
-"""Pure functions on arrays: no Flax, no state, no I/O.
+"""Pure functions on arrays: no Flax, no hidden state (stateful tools are `(init, update)` pairs), no I/O.
 
 Modules:
   attention: reference attention (GQA/MQA, masks, RoPE, decode, log-sum-exp merge).
+  confidence_sequences: normal-mixture confidence sequences (mixture martingale, boundary, stopping rule).
+  conformal: split conformal prediction (absolute residual, CQR, APS / RAPS sets, interval stability).
+  drift_diffusion: first-passage times of a drift-diffusion model with signal-driven drift (IG, tangent, Volterra).
+  ffd: Faster Flash Decoding reference: low-bit key pages, top-delta / top-k page selection, sparse decode.
+  gaussian_sup: expected suprema of Gaussian vectors (quadrature, Monte Carlo, correlated variants).
+  kmeans: batched Lloyd k-means with deterministic centroid updates.
+  malliavin: Euler-Maruyama paths, first variation, Malliavin derivative and adjoint sums.
+  policy_losses: RL post-training losses (GRPO advantages, clipped surrogate, KL, pass@k).
+  probabilistic_metrics: forecast scores (CRPS, PIT calibration, interval coverage, QICE).
+  quantization: group-wise integer quantization with packed codes (symmetric / asymmetric).
+  quest: Quest page selection (per-page key bounds, query-aware upper bounds, top pages).
+  residual_quantization: progressive residual quantization (QVG): k-means stages, then a packed residual.
   routing: MoE router logits, top-k gating, load-balance / z-losses, confidence, dispatch metadata.
   sampling: greedy, temperature, top-k, top-p samplers and the `Sampler` rule.
+  speculative: speculative decoding acceptance (greedy prefix match, rejection sampling).
 """
 
 from primitives import attention, routing, sampling

@@ -1,43 +1,29 @@
 """RouterInterp: explaining MoE routing by unions of sparse-autoencoder features (SSH).
 
-The Superposed Specialisation Hypothesis (SSH) says an expert's routing region is a *disjoint union of
-many fine-grained features* rather than one coherent domain. RouterInterp explains expert e of a
-router ``W_r`` [E, d] (rows r_e) by the SAE features most predictive of routing to it, and scores the
-explanation by how well a simulator that reads it detects routing on held-out tokens.
+The Superposed Specialisation Hypothesis (SSH) says an expert's routing region is a disjoint union of
+many fine-grained features. This module explains each expert of a router by the SAE features most
+predictive of routing to it, and scores an explanation by how well a simulator that reads it detects
+routing on held-out tokens. All functions are pure; arrays are numpy.
 
-Pipeline (all functions below are pure; arrays are numpy, float64 where it matters):
-
-1. Routing labels ``y[t, e] = 1[e in top_k(W_r x_t)]`` (`route`).
-2. Feature-expert association, two complementary scores:
-   * alignment (weight based): ``a[i, e] = (r_e . d_i) E[f_i | f_i > 0]`` is the contribution of
-     SAE feature i to expert e's logit when it fires (linear router: ``W_r x^ = sum_i f_i W_r d_i +
-     W_r b_dec``); routing is competitive, so rows are centred across experts first,
-     ``a~[i, e] = a[i, e] - mean_e' a[i, e']`` (`alignment_scores`);
-   * predictiveness (data based): precision ``P(y_e | f_i > 0)``, coverage ``P(f_i > 0 | y_e)``
-     (`precision_coverage`) and an L1-regularised logistic probe ``y_e ~ sigma(w_e . f + b)``
-     (`probe_scores`, scikit-learn).
-3. Feature set per expert (the union view of SSH): features in decreasing score order are added
-   while the precision of the union ``U_e = OR_{i in S_e} [f_i > 0]`` stays >= `min_precision`,
-   until the union's recall reaches `target_recall` or |S_e| = `max_features`
-   (`greedy_feature_set`).
-4. Explanation: the set S_e with one rule-based description per feature (top activating tokens and
-   domain; `describe_features`) merged by an `Explainer` ("routes tokens that are A; or B; ...").
-5. Detection: a `Simulator` reads the explanation and labels held-out tokens as routed / not routed
-   (the rule-based default predicts "routed" iff any feature of S_e fires; token or domain
-   explanations fire on their tokens or domains); scored by balanced accuracy, precision, recall
-   and F1 against y_e (`detection_metrics`).
-
-Baselines: token statistics (the top routed tokens, selected by the same greedy rule over token
-indicators), a bigram routing predictor (``P(y_e | previous token, token)`` with back-off), the
-single best SAE feature, and the single best domain. Planted-feature worlds (`planted_world`)
-provide exact ground truth: an SSH world whose experts are each selected by a disjoint union of
-planted context-dependent features, and a single-domain control in which each expert is one domain.
-
-The LLM explainer and simulator of the paper cannot run offline; the `Explainer` / `Simulator`
-protocols are where they would plug in (deviation: rule-based defaults).
+Public functions:
+  * routing labels: `router_logits`, `topk_routing`, `route`;
+  * feature-expert scores: `alignment_scores` (router row . decoder direction, centred across experts;
+    `center_rows`, `mean_active_value`, `feature_logit_contributions`), `precision_coverage`,
+    `probe_scores` (L1 logistic probe);
+  * feature sets: `greedy_feature_set`, `select_feature_sets` (grow the union while its precision stays
+    >= `min_precision`, until its recall reaches `target_recall`);
+  * explanation and detection: `describe_features`, `explain_experts`, the `Explainer` / `Simulator`
+    protocols with `RuleBasedExplainer` / `RuleBasedSimulator` (deviation: the paper's LLM explainer
+    and simulator cannot run offline), `evaluate_explanations`, `detection_metrics`, `macro_detection`;
+  * baselines: `token_statistics_explanations`, `single_feature_explanations`,
+    `single_domain_explanations`, `BigramPredictor`, `raw_probe_predictions`;
+  * ground truth: `planted_world` (an SSH world and a single-domain control), `match_features`,
+    `set_recovery`.
 
 Dimension legend: ``n`` tokens, ``d`` router-input width, ``E`` experts, ``F`` SAE features,
 ``V`` vocabulary, ``D`` domains, ``G`` token groups.
+
+Spec: `../shared/papers/specs/inference_moe.md`, section 7.
 
 References:
   "RouterInterp and the Superposed Specialisation Hypothesis" (ICML 2026; no arXiv id; earlier

@@ -1,59 +1,31 @@
 """Benchmarking as a Stackelberg game: strategic post-training and tune-before-test (TbT).
 
-The benchmark designer moves first and picks an evaluation protocol, here the tune-before-test level
-`delta >= 0`: before testing, the designer fine-tunes every submitted model with `delta` units of task
-data (`delta = 0` is current practice). Then `n` model providers with latent capabilities
-`theta_1 > ... > theta_n` simultaneously choose a benchmark-specific post-training effort `e_i >= 0`.
+The benchmark designer picks a TbT level `delta` (every submission is fine-tuned with `delta` units of
+task data); then `n` providers with capabilities theta_1 > ... > theta_n choose post-training efforts
+`e_i >= 0`, are scored s_i = v(theta_i, delta + e_i), rewarded by rank (ties go to the higher
+capability) and pay c(e_i). This module computes best responses, pure Nash equilibria and the
+stabilizing TbT level (the paper's Thm. 4.6 and Props. 5.3 and 5.6).
 
-  * score        s_i = v(theta_i, delta + e_i)  (a per-provider *curve* `v_i(x) = v(theta_i, x)` of the
-                 total effort `x`: strictly increasing in theta at fixed effort (C1); non-decreasing,
-                 concave and saturating in effort (C2); the stronger model's effort advantage is
-                 non-decreasing in the target score (C3));
-  * cost         c(e): c(0) = 0, non-decreasing, convex, unbounded (Assumption 4.1); uniqueness of the
-                 equilibrium needs c *strictly* increasing (a flat stretch breaks Prop. 4.3 / Thm. 4.6,
-                 see `FlatThenQuadratic` and `check_assumptions(strict_cost=True)`);
-  * reward       R_1 >= ... >= R_n by rank of the scores; ties go to the higher-capability provider
-                 (then to the lower index), so ties never favour lower capability;
-  * utility      u_i = R_{rank_i(s)} - c(e_i).
+Public functions:
+  * score curves and costs: `ExpSaturating`, `ExpCapability`, `GeneralizedLogit` (its offset `e0` is
+    exposed: the paper's parameterization is reconstructed), `fit_generalized_logit`; `LinearCost`,
+    `PowerCost`, `FlatThenQuadratic` (a flat stretch that breaks uniqueness); `check_assumptions`;
+  * grid game (efforts on a grid, tabulated scores, exact ranks): `effort_grid`, `make_game`,
+    `profile_scores`, `profile_ranks`, `profile_utilities`, `ranking`, `quality_order`,
+    `best_response` / `best_responses` (`method="threshold"`: <= n candidates by binary search;
+    `"grid"`: the brute force), `is_pure_nash`, `best_response_dynamics`, `analyze_trajectory`,
+    `find_pure_equilibria`, `grid_overtake_thresholds`, `predicted_equilibria`;
+  * continuous game: `overtake_effort`, `overtake_effort_matrix`, `just_overtake_efforts` (bisection),
+    `deviation_gains` (exact supremum gain of unilateral deviations), `zero_profile_is_pne`,
+    `stabilizing_tbt_level`.
 
-Theory reproduced here (Chen, Zhang and Hardt):
-  * Thm. 4.6: at a fixed `delta` every pure Nash equilibrium (PNE) has all efforts zero, and if some
-    provider's *just-overtake* effort `e_req_r(delta) = inf{e >= 0 : v_r(delta + e) > v_{r-1}(delta)}`
-    costs less than the reward gap `R_{r-1} - R_r`, no PNE exists (best responses cycle);
-  * Prop. 5.3: if the all-zero profile is a PNE at `delta_1` it is one at every `delta_2 >= delta_1`, so
-    enough TbT yields the unique PNE `e = 0`, which ranks the providers by latent capability;
-  * Prop. 5.6: for the generalized logit scaling family the stabilizing TbT level grows polynomially in
-    the reward gap.
-
-Two views of the game are implemented:
-  * the grid game (`LeaderboardGame`, from `make_game`): efforts restricted to a grid `efforts[0] = 0 <
-    ... < efforts[G-1]`; scores and costs are tabulated once, so ranks are exact comparisons. Best
-    responses are exact on the grid: because a provider's score is non-decreasing in its own effort,
-    its rank only changes where it just overtakes a competitor, so the maximizer is one of <= n
-    candidates (effort 0 or a just-overtake grid index found by binary search, `method="threshold"`);
-    `method="grid"` evaluates every grid point (the brute force it is tested against). On top:
-    best-response dynamics (`best_response_dynamics`, `analyze_trajectory`), the PNE checker
-    (`is_pure_nash`) and the exhaustive PNE search over all `G^n` profiles (`find_pure_equilibria`);
-  * the continuous game: just-overtake efforts by bisection (`overtake_effort`,
-    `overtake_effort_matrix`, `just_overtake_efforts`), the exact supremum gain of unilateral
-    deviations of any continuous profile (`deviation_gains`; the supremum is over the open intervals
-    "just above" each overtaking threshold, so strict overtaking is handled exactly), the Thm. 4.6 /
-    Prop. 5.3 stability test of the all-zero profile (`zero_profile_is_pne`) and the stabilizing TbT
-    level by bisection over `delta` (`stabilizing_tbt_level`).
-
-Score families (per-provider parameters of shape (n,) or scalars; called on total effort x of shape
-(n, ...), provider on the leading axis): `ExpSaturating` v = theta + A (1 - exp(-x)), `ExpCapability`
-v = 1 - exp(-(theta + x)), `GeneralizedLogit` v = L + (U - L) sigmoid(alpha + beta log(e0 + x)) (the
-log's offset `e0` is exposed because the paper's exact parameterization is reconstructed). Any callable
-with the same convention works as a curve. Costs: `LinearCost`, `PowerCost`, `FlatThenQuadratic`.
+Numerics: float32 JAX (no global x64); profiles are integer grid indices of shape (n,).
 
 Dimension legend:
   n  providers (players)          G  effort-grid points          T  dynamics steps
   P  profiles in a batch          m  target scores per provider
 
-Numerics: everything is float32-correct JAX (no global x64). Grid games compare tabulated scores, so
-the grid logic is exact for the tabulated numbers; continuous thresholds are bisected to float
-resolution. Profiles are integer grid indices of shape (n,).
+Spec: `../shared/papers/specs/statistics_theory.md`, section 8.
 
 References:
   Chen, Zhang, Hardt, "Leaderboard Incentives: Model Rankings under Strategic Post-Training",

@@ -1,47 +1,29 @@
 """Learning-augmented online covering: classical online algorithms and black-box prediction wrappers.
 
-Online covering: requests r_1, r_2, ... (k in all) arrive one by one; after each arrival the algorithm must
-irrevocably buy elements (sets, facilities and connections, edges, permits) so that every request so far is
-covered, minimising the total cost against the offline optimum OPT(R) of the realised request set R. The
-tight online ratios grow with k (Steiner tree Theta(log k), facility location Theta(log k / log log k),
-set cover O(log m log k)).
+Requests arrive one by one and must be covered irrevocably at least total cost; a prediction R_hat of
+the request set is given up front. This module implements the classical online algorithms (the
+"rho(k)" black boxes) and three wrappers that use R_hat around any of them. The wrappers and the error
+measure are the spec's design: the paper's exact reduction and definition of eta are not public.
 
-What this module implements, and where each part comes from:
+Public functions:
+  * online algorithms (the `OnlineAlgorithm` interface: `serve`, `own`): `OnlineSetCover` (primal-dual
+    with randomised rounding), `OnlineFacilityLocation` (Meyerson), `OnlineSteinerTree` (greedy),
+    `OnlineParkingPermit` (primal-dual), `make_online`; LP helpers `fractional_set_cover`,
+    `set_cover_lp`; problems, scenarios and exact offline optima re-exported from
+    `algorithms.optimization._covering_instances`;
+  * prediction error: `prediction_error` (eta = |R \\ R_hat| + |R_hat \\ R|), `matching_error`;
+  * runs: `run_online`, `run_trust` (buy OFF(R_hat) up front), `run_lazy` (buy a predicted request's
+    cover when it arrives), `run_robust` (follow lazy, switch when one side costs lam times the other;
+    at most `robust_constant(2) = 6` times min(cost_L, cost_ON)), `diamond_adversary`.
 
-  * **Classical online algorithms (textbook; the "rho(k)" black boxes).** `OnlineSetCover`
-    (Buchbinder-Naor primal-dual fractional algorithm with Alon-Awerbuch-Azar-Buchbinder-Naor randomised
-    threshold rounding, O(log m log k)), `OnlineFacilityLocation` (Meyerson 2001: open at the client with
-    probability min(delta / f, 1), O(log k)), `OnlineSteinerTree` (Imase-Waxman 1991 greedy: connect to the
-    nearest connected vertex, Theta(log k)), `OnlineParkingPermit` (Meyerson 2005 deterministic
-    primal-dual, O(K)). All share the `OnlineAlgorithm` interface (`serve`, `own`), so the wrappers treat
-    them as black boxes. Exact offline optima live on the problem classes (MILP / dynamic programs, see
-    `algorithms.optimization._covering_instances`, re-exported here).
-  * **The paper's framework (reconstructed from its abstract only: no full text or code was available).**
-    A prediction R_hat of the request set is given up front; a black-box reduction turns any online
-    algorithm with ratio rho(k) into one whose ratio is rho(eta) in the prediction error eta, beating the
-    worst-case lower bounds when eta << k and degrading smoothly (applications: facility location, Steiner
-    problems, set cover, parking permit). The paper's exact reduction and exact definition of eta are not
-    known to us.
-  * **The spec's design (not claimed to be the paper's).** The error `prediction_error`:
-    eta_miss = |R \\ R_hat|, eta_false = |R_hat \\ R|, eta = eta_miss + eta_false (`matching_error` is a
-    metric alternative); and three wrappers around an online algorithm ON and an offline solver OFF:
-      - `run_trust` (Variant U, blind trust): buy OFF(R_hat) up front; an arriving request not yet covered
-        is fed to a fresh ON on the residual instance (elements already owned cost nothing there). Cost
-        <= alpha OPT(R_hat) + ON's cost on <= eta_miss requests; fails when false predictions are expensive.
-      - `run_lazy` (Variant L): precompute OFF(R_hat) with a responsibility map r_hat -> elements that
-        cover it; buy those elements only when r_hat arrives; unpredicted requests go to ON as in U.
-      - `run_robust` (Variant R): run ON and L virtually, follow L first; before paying for the followed
-        one's response, switch if its virtual cost exceeds lam times the other's, buying the other's whole
-        current solution (feasible: covering solutions are monotone). With lam = 2 the cost is at most
-        `robust_constant(2) = 6` times min(cost_L, cost_ON) on every run (proof in `run_robust`).
-
-Conventions: a solution is a bool mask over the problem's E elements and only grows; requests are distinct
-integer ids; randomness comes from an integer `seed` (ON uses child stream 0 and the residual ON of U / L
-child stream 1 of `np.random.SeedSequence(seed)`, so `run_robust`'s virtual runs equal `run_online` and
-`run_lazy` with the same seed). numpy/scipy float64 throughout (combinatorial algorithms, no JAX).
+Conventions: a solution is a bool mask over the problem's E elements and only grows; randomness comes
+from an integer `seed` (ON uses child stream 0, the residual ON of trust / lazy child stream 1, so
+`run_robust`'s virtual runs equal `run_online` and `run_lazy`); numpy/scipy float64, no JAX.
 
 Dimension legend: m sets, n universe elements / points / vertices, k arrived requests, E purchasable
 elements, K permit types, T parking horizon.
+
+Spec: `../shared/papers/specs/statistics_theory.md`, section 5.
 
 Example:
   >>> import numpy as np

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from algorithms.rl.grpo import GRPOConfig, Rollout
-from primitives import policy_losses as pl
+from primitives import policy_losses
 
 __all__ = [
     "ds_advantages",
@@ -113,8 +113,8 @@ def ds_advantages(rewards: jax.Array, seq_logp_old: jax.Array, *, gamma_p: float
                          f"{seq_logp_old.shape}")
     term = _smoothing_term(seq_logp_old, rewards >= correct_threshold, gamma_p, gamma_n)
     if level == "reward":
-        return pl.group_advantages(rewards + term, normalize_std=normalize_std, eps=eps)
-    return pl.group_advantages(rewards, normalize_std=normalize_std, eps=eps) + term
+        return policy_losses.group_advantages(rewards + term, normalize_std=normalize_std, eps=eps)
+    return policy_losses.group_advantages(rewards, normalize_std=normalize_std, eps=eps) + term
 
 
 def ds_advantage_fn(*, gamma_p: float, gamma_n: float, logp_reduction: str = "mean", level: str = "advantage",
@@ -132,7 +132,7 @@ def ds_advantage_fn(*, gamma_p: float, gamma_n: float, logp_reduction: str = "me
         raise ValueError(f"logp_reduction must be 'sum' or 'mean'; got {logp_reduction!r}")
 
     def advantage_fn(rollout: Rollout) -> jax.Array:
-        seq = pl.sequence_logprob(rollout.old_logp, rollout.mask, reduction=logp_reduction)
+        seq = policy_losses.sequence_logprob(rollout.old_logp, rollout.mask, reduction=logp_reduction)
         return ds_advantages(rollout.rewards, seq.reshape(rollout.rewards.shape), gamma_p=gamma_p,
                              gamma_n=gamma_n, level=level, correct_threshold=correct_threshold,
                              normalize_std=normalize_std, eps=eps)

@@ -83,7 +83,7 @@ from flax import nnx
 from algorithms._loop import run_loop
 from algorithms.decoding.generate import generate
 from algorithms.training import Checkpointer, FitResult, TrainState
-from primitives import policy_losses as pl
+from primitives import policy_losses
 from primitives.sampling import Sampler
 
 __all__ = [
@@ -150,8 +150,8 @@ class GRPOConfig:
             raise ValueError(f"max_new_tokens must be >= 1; got {self.max_new_tokens}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 for on-policy RL; got {self.temperature}")
-        if self.reduction not in pl.REDUCTIONS:
-            raise ValueError(f"reduction must be one of {pl.REDUCTIONS}; got {self.reduction!r}")
+        if self.reduction not in policy_losses.REDUCTIONS:
+            raise ValueError(f"reduction must be one of {policy_losses.REDUCTIONS}; got {self.reduction!r}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0; got {self.kl_coef}")
         if self.num_inner_steps < 1 or self.num_minibatches < 1:
@@ -211,7 +211,7 @@ def grpo_advantage_fn(*, normalize_std: bool = True, eps: float = 1e-6) -> Advan
     """The default advantage: GRPO group standardization of the rewards, [B, G]."""
 
     def advantage_fn(rollout: Rollout) -> jax.Array:
-        return pl.group_advantages(rollout.rewards, normalize_std=normalize_std, eps=eps)
+        return policy_losses.group_advantages(rollout.rewards, normalize_std=normalize_std, eps=eps)
 
     return advantage_fn
 
@@ -278,10 +278,10 @@ def policy_logprobs(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Arra
     logits = nnx.merge(graphdef, params)(tokens).logits
     rows = jnp.arange(tokens.shape[0])[:, None]
     logits = logits[rows, positions - 1]  # [b, N, v]
-    logp = pl.token_logprobs(logits, completions, temperature=temperature)
+    logp = policy_losses.token_logprobs(logits, completions, temperature=temperature)
     if not with_entropy:
         return logp
-    return logp, pl.entropy_from_logits(logits, temperature=temperature)
+    return logp, policy_losses.entropy_from_logits(logits, temperature=temperature)
 
 
 def sample_rollout(graphdef: nnx.GraphDef, params: Any, prompts: PromptBatch, key: jax.Array, *,
@@ -345,14 +345,15 @@ def _loss(params, graphdef, mb, kl_coef, entropy_coef, s: _UpdateSettings):
     logp, ent = policy_logprobs(graphdef, params, mb["prompt_tokens"], mb["prompt_lengths"], mb["completions"],
                                 temperature=s.temperature, pad_id=s.pad_id, with_entropy=True)
     mask = mb["mask"]
-    surrogate, metrics = pl.clipped_surrogate(logp, mb["old_logp"], mb["advantages"], mask, clip_eps=s.clip_eps,
-                                              clip_eps_high=s.clip_eps_high, reduction=s.reduction)
-    entropy = pl.masked_mean(ent, mask, reduction=s.reduction)
+    surrogate, metrics = policy_losses.clipped_surrogate(logp, mb["old_logp"], mb["advantages"], mask,
+                                                         clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high,
+                                                         reduction=s.reduction)
+    entropy = policy_losses.masked_mean(ent, mask, reduction=s.reduction)
     loss = surrogate - entropy_coef * entropy
     metrics = dict(metrics, surrogate=surrogate, entropy=entropy)
     # Always computed (ref_logp = old_logp without a reference, kl_coef = 0), so runs with and
     # without the KL term share one compilation.
-    kl = pl.masked_mean(pl.k3_kl(logp, mb["ref_logp"]), mask, reduction=s.reduction)
+    kl = policy_losses.masked_mean(policy_losses.k3_kl(logp, mb["ref_logp"]), mask, reduction=s.reduction)
     loss = loss + kl_coef * kl
     metrics["kl_ref"] = kl
     metrics["loss"] = loss

@@ -1,66 +1,29 @@
 """N-MARS: non-monotonic autoregressive decoding with a learned <UNDO> token.
 
-Dimension legend: `b` sequences, `T` tokens of a full sequence, `N` generated
-(completion) tokens, `L` reference answer tokens, `v` vocabulary, `D` model width.
+<UNDO> retracts the previous output token: the raw stream the model emits is append-only (the model
+keeps conditioning on its erased tokens), the rendered output is a stack (each <UNDO> pops one token,
+an <UNDO> on an empty output is a no-op, the prompt is never erased). This module adds the token to a
+trained decoder, trains it on sequences built from the model's own deviations, and rewards it in GRPO.
 
-Standard autoregressive decoding is monotone: a sampled wrong token stays in the
-output forever. N-MARS adds one token, <UNDO>, that retracts the previous output
-token. The raw stream z the model emits is append-only (the model keeps
-conditioning on its erased tokens and on the <UNDO>s, so it "sees its errors as
-context"); the *rendered* output is a stack: every <UNDO> pops the last output
-token, an <UNDO> on an empty output is a no-op, and the prompt is never erased.
+Public functions:
+  * vocabulary: `add_undo_token` (one more embedding row, "semantic" / "random" / "zero" init; the
+    <UNDO> id is the old vocabulary size V), `extend_config` (`vocab_size=V + 1`);
+  * rendering: `render` (numpy), `render_batch` (jittable);
+  * data and loss: `augment_batch` (z = y*_{<t} + deviation of k tokens + <UNDO>^k + y*_{>=t}, with its
+    `loss_mask`), `msft_loss` (no loss on deviation tokens; `mask_deviations=False` is the control arm);
+  * GRPO reward: `undo_stats`, `undo_reward`, `make_reward_fn` (a `reward_fn` for
+    `algorithms.rl.grpo.train`);
+  * decoding and metrics: `NoUndoSampler` (drops the <UNDO> logit column, so it draws the original
+    model's tokens for the same key), `undo_metrics` (exact match, <UNDO> rate and precision, overhead).
 
-The four pieces, each a plain function here:
+Our inference, not the paper's: the reward terms (the paper's R_inc, R_pen, kappa are not public; every
+weight is an argument). Not implemented: Myers-diff alignment of free-running outputs, several
+deviations per sequence, the "truncate the context" reading of <UNDO>.
 
-  0. **Vocabulary** (`add_undo_token`): a trained decoder's params get one more
-     embedding row (and LM-head column when untied) for <UNDO>, initialised
-     "semantically" as the mean of chosen token embeddings (fallback: all of
-     them), or "random" / "zero" for the ablation. The <UNDO> id is the old
-     vocabulary size V, i.e. the new *last* id; the model config only needs
-     `vocab_size=V + 1` (`extend_config`). `CharTokenizer` reserves no slot, so
-     nothing else moves and every other token keeps its id and weights.
-  1. **Rendering** (`render` in numpy, `render_batch` jittable JAX).
-  2. **Sequence augmentation from the model's own deviations**
-     (`augment_batch`): at a position t of a reference y* (preferably a "hard"
-     one, where the model's greedy top-1 disagrees with y*_t) the model itself
-     generates a deviation of k tokens (the first one != y*_t) conditioned on
-     y*_{<t}, and the training sequence becomes
-         z = y*_{<t} ⊕ ŷ_{1..k} ⊕ <UNDO>^k ⊕ y*_{>=t},   render(z) = y*.
-     Augmented and clean sequences are mixed.
-  3. **Masked SFT** (`msft_loss`, the `loss_mask` of `augment_batch`): no loss
-     on the targets that are deviation tokens (they are context only; the model
-     must not learn to make the errors), loss on every <UNDO> and reference
-     target. `mask_deviations=False` gives the negative-control arm ("SFT on
-     augmented traces"), which also learns to produce the errors.
-  4. **GRPO reward** (`undo_reward`, `make_reward_fn`, a `reward_fn` for
-     `algorithms.rl.grpo.train`): correctness of the rendered output, plus
-     `alpha` per effective <UNDO> (only when the output is correct), minus
-     `beta` per ineffective <UNDO>. With a token-level reference an <UNDO> is
-     effective when the token it erased differs from the reference token at
-     that rendered position; it is ineffective when it erased a correct token,
-     popped an empty output, or came after the first `max_undos` <UNDO>s (the
-     cap). `mode="outcome"` is the reference-free reading: all <UNDO>s
-     effective in a correct rollout, all ineffective in a failed one. The
-     exact reward terms of the paper (R_inc, R_pen, kappa) are not public;
-     these forms are our inference, every weight is an argument.
+Dimension legend: `b` sequences, `T` tokens of a full sequence, `N` generated (completion) tokens,
+`L` reference answer tokens, `v` vocabulary, `D` model width.
 
-Decoding without <UNDO> (`NoUndoSampler`): a `primitives.sampling.Sampler`
-that drops the <UNDO> logit column before sampling, so the extended model with
-p(UNDO) = 0 draws exactly the tokens the original V-token model draws with the
-same key (greedy and sampled; tested). A -inf logit alone would give the same
-distribution but different random draws, because `jax.random.categorical`
-draws noise of the logits' shape. No change to `generate` was needed: it takes
-any `Sampler` as a static argument and reads log-probs through
-`Sampler.log_probs`, which this subclass overrides consistently.
-
-Metrics (`undo_metrics`): exact match of the rendered output, <UNDO> rate
-(per raw token, and the share of sequences with at least one), precision
-(fraction of <UNDO>s that erased a wrong token) and raw-token overhead (raw
-tokens / rendered tokens: <UNDO>s and erased tokens cost decode compute).
-
-Not implemented: the Myers-diff alignment of a full free-running model output
-against the reference (we use the single-span variant above), several
-deviations per sequence, and the "truncate the context" reading of <UNDO>.
+Spec: `../shared/papers/specs/rl_alignment_agents.md`, section 4.
 
 References:
   N-MARS: Non-Monotonic AutoRegressive Sequence modelling with an <UNDO> token,

@@ -1,62 +1,28 @@
 """SCM-GRPO: GRPO with a rule-based reward on explicit dependency graphs for multi-hop verification.
 
-The policy verifies a multi-hop claim (SUPPORTS / REFUTES, no NEI) by first
-writing a **directed dependency graph** (nodes = evidence facts or sub-claims,
-edges = "depends on", one sink C = the claim) and then its verdict. The paper
-observes an inverted U between reasoning-chain length and accuracy (too-short
-graphs miss hops, too-long graphs accumulate errors) and trains with GRPO on a
-rule-based reward that balances structural depth against conciseness. The
-paper's reward equations were not available to us: the reward below is the
-design of our spec (`papers/specs/rl_alignment_agents.md` section 3), kept as a
-pluggable pure function of the parsed output. No interventions or
-counterfactuals (the paper's v3 drops them): a DAG with a sink is the "SCM".
+The policy verifies a multi-hop claim (SUPPORTS / REFUTES) by first writing a directed dependency graph
+(nodes = facts or sub-claims, edges = "depends on", one sink C = the claim), then its verdict. This
+module parses that output, checks the graph and scores it with a pluggable rule-based reward for
+`algorithms.rl.grpo.train`.
 
-Output grammars (both parse to the same `Graph(nodes, edges, sink)`):
+Public functions:
+  * parsing (never raises; a malformed output gives `Parsed(error=...)`): `parse_graph_text` (the
+    paper-style `<graph> N1: ... E: N1 -> C </graph> <answer>SUPPORTS</answer>` format) and
+    `parse_compact` (the CPU experiment's chain format `e4 e1 e6 | S`), both to `Graph(nodes, edges, sink)`;
+  * structure: `check_graph` (non-empty, no dangling edge, acyclic, every node reaches the sink),
+    `graph_depth` (longest path to the sink, in edges);
+  * reward: `RewardConfig`, `label_only_config` (the plain-GRPO arm), `depth_score`,
+    `conciseness_penalty`, `reward_terms`, `scm_reward`, and `make_reward_fn(tokenizer, config)`, the
+    batched `reward_fn(problems, completions [b, N], lengths [b]) -> [b]`;
+  * evaluation: `macro_f1`.
 
-  * text (the paper-style format)::
+Reward (the spec's design; the paper's equations were not available), d* = the claim's hop count::
 
-        <graph>
-        N1: <fact or sub-claim>
-        N2: ...
-        E: N1 -> N3 ; N2 -> N3 ; N3 -> C
-        </graph>
-        <answer>SUPPORTS</answer>
-
-    `parse_graph_text`. Node ids are identifiers other than `E` and the sink
-    `C`; each node is declared once; edges refer to declared nodes or C.
-  * compact (the CPU experiment's token format)::
-
-        e4 e1 e6 | S
-
-    `parse_compact`: a chain of node ids (here the entity reached after each
-    hop), `|`, a verdict token (`S` / `R`). The chain `a b c` is the graph
-    a -> b -> c -> C; a repeated id makes a cycle, an id missing from the
-    evidence is a dangling reference.
-
-Parsing never raises on malformed text: it returns `Parsed(error=...)`.
-`check_graph` then enforces the structural rules (non-empty, no dangling
-edge, no edge out of the sink, acyclic, every node reaches the sink, nodes
-among `allowed_nodes` when given); `graph_depth` is the longest path (in
-edges) from any node to the sink, so a chain of k facts has depth k and a
-diamond N1 -> {N2, N3} -> C has depth 2.
-
-Reward (defaults from the spec; d* = the claim's hop count, used only in
-training)::
-
-    r = -1                                        if the output fails to parse or check
+    r = -1                                                              if parsing or checking fails
     r = w_acc R_label + w_struct R_label g(d) - lambda_len max(0, |V| - (d* + 2))   otherwise
-    g(d) = exp(-(d - d*)^2 / (2 s^2))             (maximal at d = d*)
+    g(d) = exp(-(d - d*)^2 / (2 s^2))
 
-with R_label = 1[verdict == gold]; the structural term is gated on the
-label (no bonus for pretty-but-wrong graphs). A parsed output is floored at
-the format value, so r lies in [-1, w_acc + w_struct]. Defaults: w_acc = 1,
-w_struct = 0.5, s = 1, lambda_len = 0.1. `label_only_config()` (w_struct = 0,
-lambda_len = 0, same format gate) is the plain-GRPO baseline arm.
-
-`make_reward_fn(tokenizer, config)` returns the batched
-`reward_fn(problems, completions [b, N], lengths [b]) -> [b]` that
-`algorithms.rl.grpo.train` takes; problems expose `label`, `hops` and
-(optionally) `node_ids`, the node names the graph may use.
+Spec: `../shared/papers/specs/rl_alignment_agents.md`, section 3.
 
 References:
   Bu, Zhang, Zhang, ..., Luo, "Grounding Multi-Hop Reasoning in Structural Causal

@@ -1,49 +1,27 @@
 """GAAVI: asymptotic anytime-valid tests and confidence sequences for the conditional mean function.
 
-Problem. A stream (X_t, Y_t) (or (X_t, A_t, Y_t) with a randomized treatment A_t ~ Bernoulli(e(X_t)))
-arrives one sample at a time. Test the global null H0: mu(x) = E[Y | X = x] = f0(x) for P_X-almost
-every x (f0 = 0 by default), or a contrast, tau(x) = mu_1(x) - mu_0(x) = c(x) (no effect: c = 0;
-constant shift: c = const), while looking after every sample and stopping at any time after a burn-in
-m, with asymptotic type-I error <= alpha, power one, and a rejection time matching Gaussian location
-testing. Inverting the test gives function-valued confidence sequences.
+Tests H0: mu(x) = E[Y | X = x] = f0(x), or a treatment contrast tau(x) = c(x), on a stream, looking
+after every sample from a burn-in m on. A predictable weight w_t (a sequential regressor fitted on the
+data before t, ideally mu / sigma^2) makes S_t = sum_i w_i(X_i) (Y_i - f0(X_i)) a martingale under H0;
+the test is the delayed-start normal-mixture boundary of `primitives.confidence_sequences`. This is
+the library's reconstruction of the paper's design (confidence in the exact statistic: low-medium).
 
-Method (the library's reconstruction of the paper's design, following the spec; confidence in the
-exact statistic: low-medium, see `../shared/papers/specs/statistics_theory.md`, section 3).
+Public functions:
+  * sequential regressors (`SequentialRegressor`): `ridge_regressor` on `linear_features`,
+    `polynomial_features` or `random_fourier_features`; `mlp_regressor`, `fixed_regressor` (oracle
+    weights), `running_mean_regressor`;
+  * martingales: `weighted_residual_martingale`, `aipw_martingale` (with `aipw_pseudo_outcome`);
+  * tests: `gaavi_test`, `gaavi_contrast_test`; baselines `peeking_z_test` (not anytime valid),
+    `fixed_sample_z_test`, `linear_projection_test`, `discretized_test` (with `cell_index`);
+  * confidence sequences by inversion: `inversion_confidence_sequence`, `contrast_confidence_sequence`,
+    `local_mean_confidence_band`.
 
-* Predictable weighted residual martingale. A weight w_t(x) is fitted on data up to t - 1 by any
-  sequential regressor g_hat (a `SequentialRegressor`: ridge on random Fourier or polynomial features,
-  an online MLP, an oracle function), ideally w = mu / sigma^2: w_t(x) = g_hat_{t-1}(x) / sigma_hat^2_{t-1}(x),
-  normalized to unit scale (a predictable constant, so the test is invariant to it), optionally
-  shrunk toward a default weight at early times ("decay") and clipped to |w| <= max_weight. The
-  increments Z_t = w_t(X_t) (Y_t - f0(X_t)) form a martingale under H0 whether or not g_hat
-  converges, because w_t never sees (X_t, Y_t)'s outcome: the regressor is refitted only after each
-  block of `block_size` samples (block_size = 1 is fully sequential).
-* Contrasts use the AIPW pseudo-outcome with the known propensity e(x) and predictable outcome
-  models m_a (fitted on the past, separately per arm),
-  phi_t = m1(X) - m0(X) + A (Y - m1(X)) / e(X) - (1 - A)(Y - m0(X)) / (1 - e(X)),
-  whose conditional mean given X is tau(X) for any m1, m0; Z_t = w_t(X_t) (phi_t - c(X_t)).
-* Intrinsic time V_t: the realized quadratic variation sum Z_i^2 (default) or the predictable
-  sum w_i^2 sigma_hat^2_{i-1}(X_i).
-* Test: the normal-mixture martingale with a delayed start (`primitives.confidence_sequences`):
-  reject at the first t >= m with |S_t| >= sqrt((V_t + rho) log((V_t + rho) / (rho alpha^2))),
-  rho = rho_scale * V_m (or a fixed rho).
-
-Baselines: the same weighted statistic tested with a fixed-sample z-test after every sample
-(`peeking_z_test`, which is not anytime valid), a discretized test (per-cell mixture tests on a grid of
-X with Bonferroni alpha / B, `discretized_test`), and a linear-projection test (the weight is a linear
-regression X^T beta_hat_{t-1}, `linear_projection_test`, blind to a nonlinear mu with zero linear
-projection). Oracle weights mu / sigma^2 are `fixed_regressor(mu / sigma^2)`.
-
-Confidence sequences by inversion: `inversion_confidence_sequence` runs the test of H0: mu = f for
-every candidate f of a finite class (vmapped) and keeps the candidates not yet rejected (running
-intersection); `contrast_confidence_sequence` does the same for contrasts tau = c;
-`local_mean_confidence_band` gives a closed-form band for the kernel-localized means at grid points
-(localized weights K_h(X - x_g), union bound over the grid).
+All functions take one stream; vmap over streams (see `experiments/anytime_cmf.py`).
 
 Dimension legend: `t` samples (time), `d` covariate dimension, `n` rows in one block or call,
 `p` regression features, `k` candidate functions, `g` grid points, `b` cells.
 
-All functions take one stream; vmap over streams (see `experiments/anytime_cmf.py`).
+Spec: `../shared/papers/specs/statistics_theory.md`, section 3.
 
 References:
   Cho, Dwivedi, Kallus, "GAAVI: Global Asymptotic Anytime Valid Inference for the Conditional Mean

@@ -1,47 +1,28 @@
 """Off-policy evaluation when rewards are missing not at random: shadow variables, bridge function, ProxFQE.
 
-The problem (Wei, Qu & Miao, 2026): a finite-horizon MDP logged by a behaviour policy, in which the
-reward R_t is recorded only when O_t = 1 and ``P(O_t = 1 | R_t, S_t, A_t)`` depends on R_t itself
-(MNAR), so complete-case and MAR corrections are biased even after conditioning on (S_t, A_t). The
-target policy may react to the previous missingness indicator, ``pi_t(a | S_t, O_{t-1})`` (O_0 = 0).
-Goal: ``V(pi) = E^pi[sum_t gamma^(t-1) R_t]``.
+Estimates the value of a (missingness-aware) target policy from logged episodes whose rewards are
+recorded only when O_t = 1, where P(O_t = 1) depends on the reward itself (MNAR). The next state is a
+shadow variable: a bridge b_t with ``E[b_t(S_t, A_t, S_{t+1}) | R_t, S_t, A_t] = R_t``, fitted on complete
+cases, imputes the missing rewards inside fitted-Q evaluation (ProxFQE).
 
-* **Shadow variable.** The next state S_{t+1} is associated with R_t but, given (R_t, S_t, A_t), does not
-  affect O_t. A *bridge* b_t with ``E[b_t(S_t, A_t, S_{t+1}) | R_t, S_t, A_t] = R_t`` then also solves the
-  equation on complete cases (O_t = 1), so it is fitted there without modelling the propensity, and
-  ``E[R_t | S_t, A_t] = E[b_t(S_t, A_t, S_{t+1}) | S_t, A_t]`` over all transitions.
-* **Bridge estimators.** :func:`fit_bridge_rkhs` is the min-max (conditional moment) estimator of
-  Dikkala et al. (2020) in closed form ("RKHSIV", as in the official code):
-  ``M = Kf^(1/2) (Kf / (2 n delta^2) + I / 2)^(-1) Kf^(1/2)``, ``delta = delta_scale / n^delta_exp``,
-  ``a = argmin (Kh a - y)^T M (Kh a - y) + alpha a^T Kh a`` with ``alpha = alpha_scale delta^4``; it is the
-  saddle point of ``(1/n) sum [2 (h - y) f - f^2] - delta^2 ||f||^2 + mu ||h||^2`` over RBF RKHS balls
-  (``mu = alpha / (2 n^2 delta^2)``). :func:`fit_bridge_rkhs_cv` chooses the bandwidth of h (from quantiles of
-  the squared distances) and alpha_scale by K-fold CV of the held-out projected moment violation;
-  the bandwidth of f is the median heuristic. :func:`fit_bridge_sieve` is the linear-sieve GMM (2SLS)
-  alternative for user features, exact on tabular problems.
-* **ProxFQE** (:func:`evaluate`, method ``"prox_fqe"``): backward over t, impute the missing rewards
-  with b_t (``imputation="missing"``, the official code; ``"all"`` uses b_t on every row), regress
-  ``R~_t + gamma sum_a pi_{t+1}(a | S_{t+1}, O_t) Q_{t+1}(S_{t+1}, a)`` on (S_t, A_t) with kernel ridge
-  regression (RBF, median bandwidth, robust scaling, lambda by exact leave-one-out CV over a grid),
-  then ``V = mean_i sum_a pi_1(a | S_1i, 0) Q_1(S_1i, a)``.
-* **Baselines** (same FQE engine): ``"naive_fqe"`` (complete-case: drop O_t = 0 transitions),
-  ``"mar_impute_fqe"`` (impute with a regression of R on (S, A) among complete cases),
-  ``"mar_ipw_fqe"`` (inverse-propensity reward ``O R / p(S, A)`` with a logistic MAR propensity,
-  clipped to [0.01, 0.99]), ``"scope_is"`` (SCOPE-style per-decision importance sampling, missing
-  rewards as 0, with potential-based shaping by the complete-case FQE's state values
-  ``Phi_t(s, o) = sum_a pi_t(a | s, o) Q_t(s, a)``; needs ``behaviour``), ``"oracle_fqe"`` (all rewards
-  observed; a reference, not an estimator).
-* **Simulator** (:func:`simulate`, :func:`true_value`): the paper's 2-d linear-Gaussian MDP with a
-  sigmoid or linear reward, reward-dependent missingness, behaviour and missingness-aware target
-  policies, in JAX (vectorised episodes, explicit keys), with knobs for the MNAR strength (the
-  reward coefficient of the missingness logit) and a violation of the shadow-variable exclusion
-  (O_t depending on S_{t+1}, the negative control).
+Public functions:
+  * simulator (the paper's 2-d linear-Gaussian MDP, JAX, explicit keys): `SimParams`, `simulate`,
+    `true_value`, `missing_rate`, `calibrate_intercept`, `behaviour_policy`, `target_policy`
+    (`behaviour_probs`, `target_probs`);
+  * kernels: `rbf_kernel`, `median_heuristic`, `KernelRidgeLOO` (exact leave-one-out choice of lambda);
+  * bridges: :func:`fit_bridge_rkhs` (closed-form min-max RKHS estimator, as in the official code),
+    :func:`fit_bridge_rkhs_cv` (bandwidth and regularisation by K-fold CV), :func:`fit_bridge_sieve`
+    (linear-sieve 2SLS);
+  * :func:`evaluate` with a method of `METHODS`: ``"prox_fqe"`` and the baselines ``"naive_fqe"``
+    (complete cases), ``"mar_impute_fqe"``, ``"mar_ipw_fqe"``, ``"scope_is"`` and ``"oracle_fqe"`` (all
+    rewards observed; a reference, not an estimator).
 
-Numerics: the simulator is JAX float32; the kernel solves are NumPy float64 (complete-case sets have
-data-dependent sizes, and the eigendecompositions are shared by all lambdas and all estimators of one
-time step). Rewards where ``observed`` is False are never read except by ``"oracle_fqe"``.
+Numerics: the simulator is JAX float32; the kernel solves are NumPy float64. Rewards where ``observed``
+is False are never read except by ``"oracle_fqe"``.
 
 Dimension legend: ``n`` episodes, ``T`` horizon, ``d`` state dimension, ``k`` actions, ``m`` points.
+
+Spec: `../shared/papers/specs/statistics_theory.md`, section 2.
 
 References:
   Wei, Qu, Miao, "Off-Policy Evaluation for Missingness-Aware Policies in MDPs with Rewards Missing

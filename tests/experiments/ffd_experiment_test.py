@@ -62,7 +62,7 @@ def test_checks_have_the_fields_and_judge_the_accuracy_rule():
     rows[f"ffd d={c.main_delta:g}"] = row(0.97)  # 3 points below dense: beyond the 2-point tolerance
     checks = exp.workload_checks(c, "record", {"rows": rows, "dense_accuracy": 1.0})
     for ch in checks:
-        assert set(ch.as_dict()) == {"name", "measured", "paper", "threshold", "passed", "note"}
+        assert set(ch.as_dict()) == {"name", "measured", "paper", "threshold", "passed", "note", "required"}
     passed = {ch.name: ch.passed for ch in checks}
     assert passed["dense greedy exact match (precondition)"]
     assert not passed["FFD - dense exact match"]

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from algorithms.rl import differential_smoothing as ds
-from primitives import policy_losses as pl
+from primitives import policy_losses
 
 
 def _batch(seed=0, b=4, g=6):
@@ -24,7 +24,7 @@ def _batch(seed=0, b=4, g=6):
 def test_zero_gammas_equal_grpo_exactly(level):
     r, lp = _batch()
     a = ds.ds_advantages(r, lp, gamma_p=0.0, gamma_n=0.0, level=level)
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(pl.group_advantages(r)))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(policy_losses.group_advantages(r)))
 
 
 def test_ds_ranks_rarer_correct_higher_and_rarer_incorrect_lower():
@@ -32,12 +32,12 @@ def test_ds_ranks_rarer_correct_higher_and_rarer_incorrect_lower():
     lp = jnp.array([[-1.0, -6.0, -1.0, -6.0, -3.0, -3.0]])
     for level in ds.LEVELS:
         a = np.asarray(ds.ds_advantages(r, lp, gamma_p=0.1, gamma_n=0.05, level=level))[0]
-        grpo = np.asarray(pl.group_advantages(r))[0]
+        grpo = np.asarray(policy_losses.group_advantages(r))[0]
         assert grpo[0] == grpo[1] and grpo[2] == grpo[3]
         assert a[1] > a[4] > a[0]  # correct: rarer is higher
         assert a[3] < a[5] < a[2]  # incorrect: rarer is lower
     a = np.asarray(ds.ds_advantages(r, lp, gamma_p=0.1, gamma_n=0.05))[0]
-    np.testing.assert_allclose(a - np.asarray(pl.group_advantages(r))[0],
+    np.testing.assert_allclose(a - np.asarray(policy_losses.group_advantages(r))[0],
                                [0.1, 0.6, -0.05, -0.3, 0.3, -0.15], rtol=1e-5)
 
 
@@ -58,11 +58,11 @@ def test_no_gradient_through_the_smoothing_term():
 
     def loss_inside(lp):
         a = ds.ds_advantages(r, lp.reshape(3, 4), gamma_p=0.3, gamma_n=0.2)
-        return pl.clipped_surrogate(lp, jax.lax.stop_gradient(lp), a.reshape(12), mask)[0]
+        return policy_losses.clipped_surrogate(lp, jax.lax.stop_gradient(lp), a.reshape(12), mask)[0]
 
     frozen = ds.ds_advantages(r, lp0, gamma_p=0.3, gamma_n=0.2).reshape(12)
     g_inside = jax.grad(loss_inside)(lp0.reshape(12, 1))
-    g_frozen = jax.grad(lambda lp: pl.masked_mean(-frozen[:, None] * lp, mask))(lp0.reshape(12, 1))
+    g_frozen = jax.grad(lambda lp: policy_losses.masked_mean(-frozen[:, None] * lp, mask))(lp0.reshape(12, 1))
     np.testing.assert_allclose(np.asarray(g_inside), np.asarray(g_frozen), rtol=1e-6, atol=1e-8)
     # And through the reward-level form as well.
     g_reward = jax.grad(lambda lp: jnp.sum(ds.ds_advantages(r, lp, gamma_p=0.3, gamma_n=0.2, level="reward")))(lp0)
@@ -87,7 +87,7 @@ def test_expected_weights_match_enumeration_of_groups(normalize_std):
     den = {True: 0.0, False: 0.0}
     for pattern in itertools.product([0.0, 1.0], repeat=g):
         prob = np.prod([c if x else 1 - c for x in pattern])
-        a = np.asarray(pl.group_advantages(jnp.array([pattern]), normalize_std=normalize_std))[0]
+        a = np.asarray(policy_losses.group_advantages(jnp.array([pattern]), normalize_std=normalize_std))[0]
         key = bool(pattern[0])
         num[key] += prob * a[0]
         den[key] += prob
@@ -114,7 +114,7 @@ def test_tabular_expected_gradient_equals_brute_force_over_all_groups(kwargs):
         return jnp.sum(prob * jnp.mean(adv * lp, axis=1))
 
     total = np.asarray(jax.grad(expected_objective)(theta), np.float64)
-    total += ent * np.asarray(jax.grad(lambda th: pl.entropy_from_logits(th))(theta))
+    total += ent * np.asarray(jax.grad(lambda th: policy_losses.entropy_from_logits(th))(theta))
     closed = np.asarray(ds.tabular_expected_gradient(theta, correct, group_size=g, **kwargs))
     np.testing.assert_allclose(closed, total, rtol=1e-4, atol=1e-5)
 

@@ -13,7 +13,7 @@ import pytest
 
 from algorithms.rl import scm_grpo as scm
 from experiments.tasks.multihop import MultiHopTask
-from primitives import policy_losses as pl
+from primitives import policy_losses
 
 TEXT_OK = """<graph>
 N1: e3 born_in e7
@@ -217,9 +217,9 @@ def test_grpo_advantages_of_the_rewards_sum_to_zero_and_ignore_shifts():
     texts = _random_outputs(rng, 6 * 8)
     rewards = np.array([scm.scm_reward(scm.parse_compact(t), gold="SUPPORTS", hops=3) for t in texts],
                        np.float32).reshape(6, 8)
-    adv = np.asarray(pl.group_advantages(jnp.asarray(rewards)))
+    adv = np.asarray(policy_losses.group_advantages(jnp.asarray(rewards)))
     np.testing.assert_allclose(adv.sum(axis=1), 0.0, atol=1e-4)
-    shifted = np.asarray(pl.group_advantages(jnp.asarray(rewards + 3.7)))
+    shifted = np.asarray(policy_losses.group_advantages(jnp.asarray(rewards + 3.7)))
     np.testing.assert_allclose(shifted, adv, atol=1e-4)
 
 
