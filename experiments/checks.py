@@ -2,7 +2,8 @@
 
 An experiment returns its checks in ``metrics["checks"]`` (a list of dicts, see `Check.as_dict`), so
 ``result.json`` says per claim: the measured value, the paper's value or direction, the threshold
-fixed before the run, and whether it passed.
+fixed before the run, and whether it passed. An experiment made of several studies returns one `Study`
+per study (its checks, the numbers its verdict reports, its metrics and figures); its ``run`` composes them.
 
 Example:
     >>> c = Check("tokens per iteration, Vegas / StreamingLLM", measured=1.31, paper="1.15-1.29x",
@@ -16,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-__all__ = ["Check", "verdict"]
+__all__ = ["Check", "Study", "verdict"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,23 @@ class Check:
         info = "" if self.required else " (not required)"
         return (f"{self.name}: {m} (paper {self.paper}; pass if {self.threshold}): "
                 f"{'PASS' if self.passed else 'FAIL'}{info}{note}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """One study of an experiment: what its ``run`` composes into ``result.json`` and the verdict.
+
+    Attributes:
+      checks: the study's claim checks, in the order the verdict reports them.
+      context: the numbers the verdict reports beside the checks (a sentence or a few).
+      metrics: the study's keys of ``result.json``'s metrics.
+      plots: file names of the study's figures (as `experiments.report.savefig` returns them).
+    """
+
+    checks: list[Check]
+    context: str
+    metrics: dict
+    plots: list[str]
 
 
 def _sentence(text: str) -> str:

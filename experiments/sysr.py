@@ -44,7 +44,7 @@ from algorithms.statistics import best_arm
 from experiments import _plotting as plotting
 from experiments import checks as checks_lib
 from experiments import registry, report
-from experiments.checks import Check
+from experiments.checks import Check, Study
 
 INF = math.inf
 _CACHE_VERSION = 2  # bump when the algorithms' random streams change (invalidates cached runs)
@@ -159,17 +159,6 @@ def _budget_at(budgets, err, level: float) -> float:
 
 def _label_s(s: float) -> str:
     return "inf" if math.isinf(s) else f"{s:g}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Study:
-    """One study's result: its claim checks, the numbers its verdict reports beside them, its metrics
-    (keys of ``result.json``) and its figures."""
-
-    checks: list[Check]
-    context: str
-    metrics: dict
-    plots: list[str]
 
 
 def sweep(c: Config, fr: np.ndarray, budgets: tuple[int, ...], workdir: pathlib.Path) -> tuple[dict, dict]:

@@ -76,9 +76,11 @@ __all__ = [
     "PlantedWorld",
     "planted_world",
     "WORLD_KINDS",
+    "FEATURE_FAMILIES",
 ]
 
 WORLD_KINDS = ("ssh", "single_domain")
+FEATURE_FAMILIES = ("domain", "token", "group", "prev_group", "noise")  # `planted_world` feature families
 
 
 def _as2d(name: str, a, ncols: int | None = None) -> np.ndarray:
@@ -733,13 +735,162 @@ def _zipf(n: int, s: float) -> np.ndarray:
     return p / p.sum()
 
 
+def _check_world_sizes(kind, families, *, num_sequences, seq_len, num_domains, vocab_size, shared_vocab_fraction,
+                       shared_token_prob, num_groups, num_experts, top_k, router_fit) -> None:
+    """Raises ValueError on a `planted_world` argument that names no world or no valid size."""
+    if kind not in WORLD_KINDS:
+        raise ValueError(f"kind must be one of {WORLD_KINDS}, got {kind!r}")
+    bad = [f for f in families if f not in FEATURE_FAMILIES]
+    if bad:
+        raise ValueError(f"unknown feature families {bad}")
+    if num_domains < 1 or vocab_size < num_domains + 1 or num_groups < 1 or seq_len < 1 or num_sequences < 1:
+        raise ValueError(f"invalid sizes: num_domains={num_domains}, vocab_size={vocab_size}, "
+                         f"num_groups={num_groups}, seq_len={seq_len}, num_sequences={num_sequences}")
+    if not 0.0 <= shared_vocab_fraction < 1.0 or not 0.0 <= shared_token_prob <= 1.0:
+        raise ValueError(f"need 0 <= shared_vocab_fraction < 1 and 0 <= shared_token_prob <= 1, got "
+                         f"{shared_vocab_fraction}, {shared_token_prob}")
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be in [1, num_experts={num_experts}], got {top_k}")
+    if router_fit not in ("lstsq", "direct"):
+        raise ValueError(f"router_fit must be 'lstsq' or 'direct', got {router_fit!r}")
+
+
+def _split_vocab(D: int, V: int, shared_vocab_fraction: float, shared_token_prob: float
+                 ) -> tuple[int, list[np.ndarray]]:
+    """The number of shared tokens (ids 0..n_shared-1) and each domain's own token ids (the rest, split in D)."""
+    n_shared = int(round(shared_vocab_fraction * V))
+    if shared_token_prob > 0 and n_shared == 0:
+        raise ValueError("shared_token_prob > 0 needs shared_vocab_fraction * vocab_size >= 1")
+    spec = np.array_split(np.arange(n_shared, V), D)
+    if any(len(s) == 0 for s in spec):
+        raise ValueError(f"vocab_size={V} leaves a domain without its own tokens")
+    return n_shared, spec
+
+
+def _feature_layout(families, D: int, V: int, G: int, num_noise_features: int
+                    ) -> tuple[dict[str, int], list[str], int]:
+    """Column offset of each present family (in FEATURE_FAMILIES order), feature names and the count F."""
+    sizes = {"domain": D, "token": V, "group": G * D, "prev_group": G * D, "noise": num_noise_features}
+    offsets, names, off = {}, [], 0
+    for fam in FEATURE_FAMILIES:
+        if fam not in families:
+            continue
+        offsets[fam] = off
+        off += sizes[fam]
+        if fam == "domain":
+            names += [f"domain {c}" for c in range(D)]
+        elif fam == "token":
+            names += [f"tok {v}" for v in range(V)]
+        elif fam == "group":
+            names += [f"grp {g} @ dom {c}" for c in range(D) for g in range(G)]
+        elif fam == "prev_group":
+            names += [f"prev grp {g} @ dom {c}" for c in range(D) for g in range(G)]
+        else:
+            names += [f"noise {j}" for j in range(num_noise_features)]
+    return offsets, names, off
+
+
+def _sample_text(rng: np.random.Generator, *, num_sequences: int, seq_len: int, n_shared: int, spec,
+                 shared_token_prob: float, zipf_exponent: float) -> tuple[np.ndarray, np.ndarray]:
+    """Sequence domains [num_sequences] and tokens [num_sequences, seq_len + 1] (the first is context only)."""
+    D = len(spec)
+    shared_order = [rng.permutation(n_shared) for _ in range(D)]
+    p_shared = _zipf(max(n_shared, 1), zipf_exponent)
+    dom = rng.integers(0, D, num_sequences)
+    toks = np.zeros((num_sequences, seq_len + 1), np.int64)
+    for s in range(num_sequences):
+        c = dom[s]
+        own = spec[c]
+        is_sh = rng.random(seq_len + 1) < shared_token_prob
+        sh = shared_order[c][rng.choice(max(n_shared, 1), seq_len + 1, p=p_shared)] if n_shared else 0
+        ow = own[rng.choice(len(own), seq_len + 1, p=_zipf(len(own), zipf_exponent))]
+        toks[s] = np.where(is_sh, sh, ow)
+    return dom, toks
+
+
+def _sample_codes(rng: np.random.Generator, offsets: dict[str, int], F: int, tok, prev, domain_ids, *, G: int,
+                  num_noise_features: int, max_noise_active: int, zipf_exponent: float) -> np.ndarray:
+    """Feature values [n, F]: each token's family features ~ U(0.5, 1.5), plus Zipfian noise features."""
+    n = tok.size
+    codes = np.zeros((n, F))
+    rows = np.arange(n)
+
+    def put(col):
+        codes[rows, col] = rng.uniform(0.5, 1.5, n)
+
+    if "domain" in offsets:
+        put(offsets["domain"] + domain_ids)
+    if "token" in offsets:
+        put(offsets["token"] + tok)
+    if "group" in offsets:
+        put(offsets["group"] + domain_ids * G + tok % G)
+    if "prev_group" in offsets:
+        put(offsets["prev_group"] + domain_ids * G + prev % G)
+    if "noise" in offsets and num_noise_features > 0 and max_noise_active > 0:
+        pz = _zipf(num_noise_features, zipf_exponent)
+        m = rng.integers(0, max_noise_active + 1, n)
+        for j in range(max_noise_active):
+            sel = m > j
+            col = offsets["noise"] + rng.choice(num_noise_features, n, p=pz)
+            codes[rows[sel], col[sel]] = rng.uniform(0.5, 1.5, int(sel.sum()))
+    return codes
+
+
+def _plant_router(rng: np.random.Generator, kind: str, offsets: dict[str, int], F: int, *, d_model: int,
+                  num_domains: int, num_groups: int, num_experts: int, router_scale: float, orthogonal: bool
+                  ) -> tuple[np.ndarray, tuple[tuple[int, ...], ...], np.ndarray]:
+    """Feature directions [F, d], the planted feature set of each expert and the intended router
+    weights alpha [E, F] (logits z = codes alpha^T)."""
+    D, G = num_domains, num_groups
+    if orthogonal:
+        if F > d_model:
+            raise ValueError(f"orthogonal directions need F <= d_model, got F={F}, d_model={d_model}")
+        q, _ = np.linalg.qr(rng.normal(size=(d_model, d_model)))
+        dirs = q[:, :F].T.copy()
+    else:
+        dirs = rng.normal(size=(F, d_model))
+        dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    if kind == "ssh":
+        combo = [offsets[f] + j for f in ("group", "prev_group") if f in offsets for j in range(G * D)]
+        if not combo:
+            raise ValueError("the ssh world needs the 'group' or 'prev_group' feature family")
+        perm = rng.permutation(np.asarray(combo))
+        planted = tuple(tuple(sorted(int(i) for i in part)) for part in np.array_split(perm, num_experts))
+    else:
+        if "domain" not in offsets:
+            raise ValueError("the single_domain world needs the 'domain' feature family")
+        planted = tuple((offsets["domain"] + e % D,) for e in range(num_experts))
+    alpha = np.zeros((num_experts, F))
+    for e, s in enumerate(planted):
+        if s:
+            alpha[e, list(s)] = router_scale * rng.uniform(0.8, 1.2, len(s))
+    return dirs, planted, alpha
+
+
+def _fit_router(rng: np.random.Generator, codes, x, dirs, alpha, *, router_fit: str, router_ridge: float,
+                router_noise: float) -> np.ndarray:
+    """Router rows [E, d] producing the intended logits codes alpha^T, plus relative noise."""
+    n, d_model = x.shape
+    if router_fit == "direct":
+        router_w = alpha @ dirs
+    else:
+        # The router a linear layer trained to produce the intended logits z = codes alpha^T would
+        # learn: ridge least squares on this world's tokens (it suppresses the interference of
+        # the other features along the planted directions).
+        z = codes @ alpha.T
+        xc = x - x.mean(0)
+        router_w = np.linalg.solve(xc.T @ xc + router_ridge * n * np.eye(d_model), xc.T @ (z - z.mean(0))).T
+    return router_w + router_noise * np.linalg.norm(router_w, axis=1, keepdims=True) * rng.normal(
+        size=router_w.shape) / np.sqrt(d_model)
+
+
 def planted_world(key: jax.Array, *, kind: str = "ssh", num_sequences: int = 400, seq_len: int = 32,
                   d_model: int = 64, num_domains: int = 8, vocab_size: int = 128,
                   shared_vocab_fraction: float = 0.25, shared_token_prob: float = 0.4, num_groups: int = 16,
                   num_experts: int = 16, top_k: int = 2, num_noise_features: int = 128,
                   max_noise_active: int = 2, zipf_exponent: float = 1.1, router_scale: float = 4.0,
                   router_noise: float = 0.05, activation_noise: float = 0.0, orthogonal: bool = False,
-                  families: tuple[str, ...] = ("domain", "token", "group", "prev_group", "noise"),
+                  families: tuple[str, ...] = FEATURE_FAMILIES,
                   router_fit: str = "lstsq", router_ridge: float = 1e-3, router_world=None) -> PlantedWorld:
     """Generates token sequences from a mixture of domains, planted features, router inputs and routing.
 
@@ -767,134 +918,42 @@ def planted_world(key: jax.Array, *, kind: str = "ssh", num_sequences: int = 400
     Returns:
       A `PlantedWorld` with n = num_sequences * seq_len tokens.
     """
-    if kind not in WORLD_KINDS:
-        raise ValueError(f"kind must be one of {WORLD_KINDS}, got {kind!r}")
-    bad = [f for f in families if f not in ("domain", "token", "group", "prev_group", "noise")]
-    if bad:
-        raise ValueError(f"unknown feature families {bad}")
-    if num_domains < 1 or vocab_size < num_domains + 1 or num_groups < 1 or seq_len < 1 or num_sequences < 1:
-        raise ValueError(f"invalid sizes: num_domains={num_domains}, vocab_size={vocab_size}, "
-                         f"num_groups={num_groups}, seq_len={seq_len}, num_sequences={num_sequences}")
-    if not 0.0 <= shared_vocab_fraction < 1.0 or not 0.0 <= shared_token_prob <= 1.0:
-        raise ValueError(f"need 0 <= shared_vocab_fraction < 1 and 0 <= shared_token_prob <= 1, got "
-                         f"{shared_vocab_fraction}, {shared_token_prob}")
-    if not 1 <= top_k <= num_experts:
-        raise ValueError(f"top_k must be in [1, num_experts={num_experts}], got {top_k}")
-    if router_fit not in ("lstsq", "direct"):
-        raise ValueError(f"router_fit must be 'lstsq' or 'direct', got {router_fit!r}")
+    _check_world_sizes(kind, families, num_sequences=num_sequences, seq_len=seq_len, num_domains=num_domains,
+                       vocab_size=vocab_size, shared_vocab_fraction=shared_vocab_fraction,
+                       shared_token_prob=shared_token_prob, num_groups=num_groups, num_experts=num_experts,
+                       top_k=top_k, router_fit=router_fit)
     rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
     D, V, G = num_domains, vocab_size, num_groups
-    n_shared = int(round(shared_vocab_fraction * V))
-    if shared_token_prob > 0 and n_shared == 0:
-        raise ValueError("shared_token_prob > 0 needs shared_vocab_fraction * vocab_size >= 1")
-    spec = np.array_split(np.arange(n_shared, V), D)
-    if any(len(s) == 0 for s in spec):
-        raise ValueError(f"vocab_size={V} leaves a domain without its own tokens")
+    n_shared, spec = _split_vocab(D, V, shared_vocab_fraction, shared_token_prob)
+    offsets, names, F = _feature_layout(families, D, V, G, num_noise_features)
 
-    # Feature layout.
-    sizes = {"domain": D, "token": V, "group": G * D, "prev_group": G * D, "noise": num_noise_features}
-    offsets, names, off = {}, [], 0
-    for fam in ("domain", "token", "group", "prev_group", "noise"):
-        if fam not in families:
-            continue
-        offsets[fam] = off
-        off += sizes[fam]
-        if fam == "domain":
-            names += [f"domain {c}" for c in range(D)]
-        elif fam == "token":
-            names += [f"tok {v}" for v in range(V)]
-        elif fam == "group":
-            names += [f"grp {g} @ dom {c}" for c in range(D) for g in range(G)]
-        elif fam == "prev_group":
-            names += [f"prev grp {g} @ dom {c}" for c in range(D) for g in range(G)]
-        else:
-            names += [f"noise {j}" for j in range(num_noise_features)]
-    F = off
-
-    # Text.
-    shared_order = [rng.permutation(n_shared) for _ in range(D)]
-    p_shared = _zipf(max(n_shared, 1), zipf_exponent)
-    dom = rng.integers(0, D, num_sequences)
-    toks = np.zeros((num_sequences, seq_len + 1), np.int64)
-    for s in range(num_sequences):
-        c = dom[s]
-        own = spec[c]
-        is_sh = rng.random(seq_len + 1) < shared_token_prob
-        sh = shared_order[c][rng.choice(max(n_shared, 1), seq_len + 1, p=p_shared)] if n_shared else 0
-        ow = own[rng.choice(len(own), seq_len + 1, p=_zipf(len(own), zipf_exponent))]
-        toks[s] = np.where(is_sh, sh, ow)
+    # Text, then the true features of every token.
+    dom, toks = _sample_text(rng, num_sequences=num_sequences, seq_len=seq_len, n_shared=n_shared, spec=spec,
+                             shared_token_prob=shared_token_prob, zipf_exponent=zipf_exponent)
     tok = toks[:, 1:].ravel()
     prev = toks[:, :-1].ravel()
     domain_ids = np.repeat(dom, seq_len)
     position = np.tile(np.arange(seq_len), num_sequences)
-    n = tok.size
+    codes = _sample_codes(rng, offsets, F, tok, prev, domain_ids, G=G, num_noise_features=num_noise_features,
+                          max_noise_active=max_noise_active, zipf_exponent=zipf_exponent)
 
-    codes = np.zeros((n, F))
-    rows = np.arange(n)
-
-    def put(col):
-        codes[rows, col] = rng.uniform(0.5, 1.5, n)
-
-    if "domain" in offsets:
-        put(offsets["domain"] + domain_ids)
-    if "token" in offsets:
-        put(offsets["token"] + tok)
-    if "group" in offsets:
-        put(offsets["group"] + domain_ids * G + tok % G)
-    if "prev_group" in offsets:
-        put(offsets["prev_group"] + domain_ids * G + prev % G)
-    if "noise" in offsets and num_noise_features > 0 and max_noise_active > 0:
-        pz = _zipf(num_noise_features, zipf_exponent)
-        m = rng.integers(0, max_noise_active + 1, n)
-        for j in range(max_noise_active):
-            sel = m > j
-            col = offsets["noise"] + rng.choice(num_noise_features, n, p=pz)
-            codes[rows[sel], col[sel]] = rng.uniform(0.5, 1.5, int(sel.sum()))
-
+    # Directions and router: planted here, or reused from `router_world`.
     if router_world is not None:
         dirs, router_w = router_world.directions, router_world.router_w
         planted = router_world.planted_sets
         if dirs.shape != (F, d_model):
             raise ValueError(f"router_world has directions {dirs.shape}, this world needs {(F, d_model)}")
     else:
-        if orthogonal:
-            if F > d_model:
-                raise ValueError(f"orthogonal directions need F <= d_model, got F={F}, d_model={d_model}")
-            q, _ = np.linalg.qr(rng.normal(size=(d_model, d_model)))
-            dirs = q[:, :F].T.copy()
-        else:
-            dirs = rng.normal(size=(F, d_model))
-            dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
-        if kind == "ssh":
-            combo = [offsets[f] + j for f in ("group", "prev_group") if f in offsets for j in range(G * D)]
-            if not combo:
-                raise ValueError("the ssh world needs the 'group' or 'prev_group' feature family")
-            perm = rng.permutation(np.asarray(combo))
-            planted = tuple(tuple(sorted(int(i) for i in part)) for part in np.array_split(perm, num_experts))
-        else:
-            if "domain" not in offsets:
-                raise ValueError("the single_domain world needs the 'domain' feature family")
-            planted = tuple((offsets["domain"] + e % D,) for e in range(num_experts))
-        alpha = np.zeros((num_experts, F))
-        for e, s in enumerate(planted):
-            if s:
-                alpha[e, list(s)] = router_scale * rng.uniform(0.8, 1.2, len(s))
+        dirs, planted, alpha = _plant_router(rng, kind, offsets, F, d_model=d_model, num_domains=D, num_groups=G,
+                                             num_experts=num_experts, router_scale=router_scale,
+                                             orthogonal=orthogonal)
 
     x = codes @ dirs
     if activation_noise > 0:
         x = x + activation_noise * rng.normal(size=x.shape)
     if router_world is None:
-        if router_fit == "direct":
-            router_w = alpha @ dirs
-        else:
-            # The router a linear layer trained to produce the intended logits z = codes alpha^T would
-            # learn: ridge least squares on this world's tokens (it suppresses the interference of
-            # the other features along the planted directions).
-            z = codes @ alpha.T
-            xc = x - x.mean(0)
-            router_w = np.linalg.solve(xc.T @ xc + router_ridge * n * np.eye(d_model), xc.T @ (z - z.mean(0))).T
-        router_w = router_w + router_noise * np.linalg.norm(router_w, axis=1, keepdims=True) * rng.normal(
-            size=router_w.shape) / np.sqrt(d_model)
+        router_w = _fit_router(rng, codes, x, dirs, alpha, router_fit=router_fit, router_ridge=router_ridge,
+                               router_noise=router_noise)
     labels = route(router_w, x, top_k)
     return PlantedWorld(x.astype(np.float32), codes.astype(np.float32), dirs, router_w, labels, tok, prev,
                         domain_ids, position, planted, tuple(names), top_k, D, V)
