@@ -25,6 +25,8 @@ class LoopCheckpointer(Protocol):
 
     def latest_step(self) -> int | None: ...
 
+    def metadata(self, step: int | None = None) -> dict: ...
+
     def save(self, step: int, state: Any, meta: Mapping[str, Any]) -> None: ...
 
     def restore(self, state_like: Any, shardings: Any = None, step: int | None = None) -> tuple[Any, dict]: ...
@@ -127,12 +129,14 @@ def run_loop(
     try:
         if checkpointer is not None and checkpointer.latest_step() is not None:
             saved = checkpointer.latest_step()
-            state, meta = checkpointer.restore(state, shardings)
-            if meta.get("fingerprint") != fingerprint:
+            # Compare settings before restoring: a run with other shapes cannot be restored onto this state.
+            saved_fingerprint = checkpointer.metadata(saved).get("fingerprint")
+            if saved_fingerprint != fingerprint:
                 raise ValueError(
                     f"the checkpoint at step {saved} in {checkpointer.directory} belongs to a run with different "
-                    f"settings (saved fingerprint {meta.get('fingerprint')!r}, this run {fingerprint!r}); "
-                    f"use a fresh workdir")
+                    f"settings (saved fingerprint {saved_fingerprint!r}, this run {fingerprint!r}); pass another "
+                    f"work directory (CLI: --workdir DIR) or delete that one to start fresh")
+            state, meta = checkpointer.restore(state, shardings)
             start = resumed_from = int(saved)
             history = list(meta["history"])
         end = num_steps if stop_after is None else min(num_steps, stop_after)

@@ -48,6 +48,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from algorithms._loop import run_loop
 from models.transformer import DEFAULT_LOGICAL_AXIS_RULES
+from primitives.validation import check_finite, check_token_ids
 
 __all__ = [
     "OptimizerConfig",
@@ -96,6 +97,9 @@ class OptimizerConfig:
     clip_norm: float | None = 1.0
 
     def __post_init__(self):
+        for name in ("learning_rate", "end_lr_fraction", "weight_decay", "b1", "b2", "eps", "clip_norm"):
+            if getattr(self, name) is not None:
+                check_finite(name, getattr(self, name))
         if self.total_steps < 1:
             raise ValueError(f"total_steps must be >= 1; got {self.total_steps}")
         if not 0 <= self.warmup_steps <= self.total_steps:
@@ -254,12 +258,30 @@ def init_train_state(
     return graphdef, state, shardings
 
 
+NEXT_TOKEN_KEYS = ("inputs", "targets", "loss_mask")
+
+
+def _check_next_token_batch(batch: Batch, vocab_size: int | None = None) -> None:
+    """The batch `next_token_loss` needs: its keys (ValueError naming the missing ones), integer
+    `inputs`/`targets` (TypeError), and, when the arrays are concrete (not traced), ids in
+    [0, vocab_size) (ValueError)."""
+    missing = [k for k in NEXT_TOKEN_KEYS if k not in batch]
+    if missing:
+        raise ValueError(f"batch must have the keys {list(NEXT_TOKEN_KEYS)} (optional 'positions', 'segment_ids') "
+                         f"for next_token_loss; missing {missing}, got keys {sorted(batch)}")
+    for name in ("inputs", "targets"):
+        check_token_ids(f'batch["{name}"]', batch[name], vocab_size)
+
+
 def next_token_loss(model: nnx.Module, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Masked next-token cross-entropy (plus the model's auxiliary loss).
 
     `batch` holds `inputs` [b, t], `targets` [b, t], `loss_mask` [b, t] and
-    optionally `positions` / `segment_ids` [b, t].
+    optionally `positions` / `segment_ids` [b, t]. A missing key raises ValueError naming it;
+    float ids raise TypeError. Inside the jitted train step the ids are traced, so their range is
+    not checked here: `fit` checks each batch eagerly (ids >= 0) before the step.
     """
+    _check_next_token_batch(batch, getattr(getattr(model, "config", None), "vocab_size", None))
     out = model(batch["inputs"], positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
     logits = out.logits
     mask = batch["loss_mask"].astype(jnp.float32)
@@ -341,6 +363,13 @@ class Checkpointer:
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(dict(meta))),
         )
+
+    def metadata(self, step: int | None = None) -> dict:
+        """The JSON metadata saved at `step` (default latest), without reading the state."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
     def restore(self, state_like: TrainState, shardings: Any = None, step: int | None = None):
         """Restores (state, meta) at `step` (default latest) onto `state_like`'s structure."""
@@ -452,6 +481,8 @@ def fit(
         if clock["t"] is None:
             clock["t"] = time.perf_counter()
         batch = batch_fn(position)
+        if loss_fn is next_token_loss:
+            _check_next_token_batch(batch)  # eager: keys, dtypes, ids >= 0 (the model checks the rest traced)
         clock["examples"] += len(next(iter(batch.values())))
         return train_step(state, put(batch))
 

@@ -67,6 +67,7 @@ from pallas_kernels import grouped_matmul as gmm_kernel
 from pallas_kernels import vegas as vegas_kernel
 from primitives import attention as attn_lib
 from primitives import ffd as ffd_lib
+from primitives.validation import check_finite, check_int, check_token_ids
 
 DECODE_ATTENTION = ("dense", "kernel", "ffd")
 FFD_SELECTORS = ("top_delta", "top_k", "quest")
@@ -98,9 +99,20 @@ DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
+# Fields that are sizes (TypeError unless int; head_dim and moe_d_ff may be None) and float
+# hyper-parameters (ValueError unless finite).
+_INT_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "head_dim",
+               "ffd_page_size", "ffd_bits", "num_experts", "experts_per_token", "num_shared_experts", "moe_d_ff")
+_FLOAT_FIELDS = ("rope_base", "norm_eps", "init_std", "ffd_kept_fraction", "load_balance_weight",
+                 "router_z_weight")  # ffd_delta may be inf (keep every page), not NaN
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
     """Shape and options of the decoder LM.
+
+    Validated on construction: sizes must be ints (TypeError naming the field, e.g. for
+    `vocab_size=32.5`), float hyper-parameters finite, and ranges as below (ValueError).
 
     Attributes:
       vocab_size: number of token ids.
@@ -177,6 +189,13 @@ class TransformerConfig:
     moe_implementation: str | None = None
 
     def __post_init__(self):
+        for name in _INT_FIELDS:
+            if getattr(self, name) is not None:
+                check_int(f"TransformerConfig.{name}", getattr(self, name))
+        for name in _FLOAT_FIELDS:
+            check_finite(f"TransformerConfig.{name}", getattr(self, name))
+        if math.isnan(self.ffd_delta):
+            raise ValueError(f"TransformerConfig.ffd_delta must not be NaN (inf keeps every page); got {self.ffd_delta}")
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TransformerConfig.{name} must be >= 1; got {getattr(self, name)}")
@@ -532,7 +551,10 @@ class Transformer(nnx.Module):
         """Runs the LM on `tokens` [b, t].
 
         Args:
-          tokens: [b, t] int token ids.
+          tokens: [b, t] int token ids in [0, vocab_size). A float array raises TypeError; concrete
+            ids outside the vocabulary raise ValueError. Inside `jit` (nnx.jit, `generate`,
+            `fit`) the ids are traced and not checked: an out-of-range id then embeds as NaN, so
+            validate before (`primitives.validation.check_token_ids`; `generate` does).
           positions: [b, t] positions for RoPE and the causal mask. Default:
             0..t-1 without a cache, `cache.lengths + arange(t)` with one.
           segment_ids: [b, t] packing segments (no cross-segment attention).
@@ -564,6 +586,7 @@ class Transformer(nnx.Module):
         c = self.config
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be [b, t]; got shape {tokens.shape}")
+        check_token_ids("tokens", tokens, c.vocab_size)  # dtype always; values only when concrete
         b, t = tokens.shape
         self._check_hooks(b, t, head_mask, head_deltas, residual_deltas)
         if router_biases is not None:

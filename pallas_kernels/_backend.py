@@ -20,6 +20,9 @@ One place decides, for a public kernel call,
 `lower_for(fn, *args, platform)` lowers a jitted call for "tpu" or "cuda" on a
 CPU-only machine: it catches TPU block-shape rules and Triton's power-of-two
 and no-scratch rules without the hardware (see PALLAS.md).
+
+What the kernel bodies and cost models share (the `Cost` record, `MASK_VALUE`,
+`online_softmax_step`) lives in `pallas_kernels._common`.
 """
 
 from __future__ import annotations

@@ -55,7 +55,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.decode_attention import api as decode_api
-from pallas_kernels.decode_attention.cost import Cost, decode_cost
+from pallas_kernels._common import Cost
+from pallas_kernels.decode_attention.cost import decode_cost
 from pallas_kernels.ffd_decode import ffd_cost
 from pallas_kernels.ffd_decode import ffd_decode as ffd_kernel
 from pallas_kernels import kv_quant
@@ -231,8 +232,9 @@ def _decode_formulations(h: int, kh: int, d: int, layout: str) -> dict:
     ``library``: ``primitives.attention.decode_attention`` on the cache in the library's default axis
     order ``layout`` (what the decoder LM's dense decode step runs); ``library_<other>``: the same on the
     other order. Alternatives (same maths, hand-written): ``einsum_<order>``: scores einsum, softmax,
-    p.v einsum, on either order; ``split16_bksd``: flash-decoding style, 16 key blocks merged by
-    log-sum-exp. ``read``: ``sum(K) + sum(V)``, the cost of reading the cache once and doing nothing
+    p.v einsum, on either order; ``einsum_kT``: the same with the keys stored transposed per head
+    (``[b, k, d, s]``, values head-major), which makes the score product a plain ``[g, d] x [d, s]``
+    matrix product; ``split16_bksd``: flash-decoding style, 16 key blocks merged by log-sum-exp. ``read``: ``sum(K) + sum(V)``, the cost of reading the cache once and doing nothing
     else (the roofline of this step, measured interleaved with the others).
     """
     scale = 1.0 / math.sqrt(d)
@@ -245,6 +247,12 @@ def _decode_formulations(h: int, kh: int, d: int, layout: str) -> dict:
             sc = jnp.where(jnp.arange(sc.shape[-1]) < n[:, None, None, None], sc, -jnp.inf)
             return jnp.einsum(f"bkgs,{order}->bkgd", jax.nn.softmax(sc, axis=-1), v).reshape(q.shape)
         return f
+
+    def einsum_kt(q, k, v, n):  # k: [b, k, d, s], v: [b, k, s, d]
+        qg = q.reshape(q.shape[0], kh, h // kh, d)
+        sc = jnp.einsum("bkgd,bkds->bkgs", qg, k) * scale
+        sc = jnp.where(jnp.arange(sc.shape[-1]) < n[:, None, None, None], sc, -jnp.inf)
+        return jnp.einsum("bkgs,bksd->bkgd", jax.nn.softmax(sc, axis=-1), v).reshape(q.shape)
 
     def split16(q, k, v, n):  # head-major cache
         b, s = q.shape[0], k.shape[2]
@@ -262,14 +270,14 @@ def _decode_formulations(h: int, kh: int, d: int, layout: str) -> dict:
     lib = lambda order: (lambda q, k, v, n: attn_ref.decode_attention(q, k, v, n, kv_layout=order))
     fns = {"library": (lib(layout), layout), f"library_{other}": (lib(other), other),
            "einsum_bksd": (einsum("bksd"), "bksd"), "einsum_bskd": (einsum("bskd"), "bskd"),
-           "split16_bksd": (split16, "bksd"), "read": (lambda q, k, v, n: jnp.sum(k) + jnp.sum(v), layout)}
+           "einsum_kT": (einsum_kt, "kT"), "split16_bksd": (split16, "bksd"), "read": (lambda q, k, v, n: jnp.sum(k) + jnp.sum(v), layout)}
     if jax.default_backend() == "gpu":
         fns["kernel"] = (lambda q, k, v, n: decode_api.decode_attention(
             q, k, v, n, implementation="pallas_triton", kv_layout=layout), layout)
     return {name: (jax.jit(f), order) for name, (f, order) in fns.items()}
 
 
-ALTERNATIVES = ("einsum_bksd", "einsum_bskd", "split16_bksd")
+ALTERNATIVES = ("einsum_bksd", "einsum_bskd", "einsum_kT", "split16_bksd")
 
 
 def bench_decode(token_counts=(2048, 8192, 16384, 32768, 65536), shapes=((32, 8, 128), (16, 2, 128)),
@@ -290,11 +298,12 @@ def bench_decode(token_counts=(2048, 8192, 16384, 32768, 65536), shapes=((32, 8,
             q = _normal(keys[0], (1, h, d))
             tm = {"k": _normal(keys[1], (1, s, kh, d)), "v": _normal(keys[2], (1, s, kh, d))}
             caches = {"bskd": (tm["k"], tm["v"]), "bksd": tuple(jnp.swapaxes(x, 1, 2) for x in (tm["k"], tm["v"]))}
+            caches["kT"] = (jnp.swapaxes(caches["bksd"][0], 2, 3), caches["bksd"][1])
             n = jnp.full((1,), s - 1, jnp.int32)
             want = fns["einsum_bskd"][0](q, *caches["bskd"], n)
             err = {name: float(jnp.max(jnp.abs(f(q, *caches[order], n) - want)))
                    for name, (f, order) in fns.items() if name != "read"}
-            times = _timed({name: (lambda f=f, order=order: f(q, *caches[order], n))
+            times = _timed({name: (lambda f=f, kv=caches[order]: f(q, *kv, n))
                             for name, (f, order) in fns.items()}, repeats)
             nbytes = 2 * s * kh * d * 4
             best = min(ALTERNATIVES, key=times.get)
@@ -313,13 +322,13 @@ def _print_decode(res: dict) -> None:
           f"default '{res['layout']}' order; read = sum(K)+sum(V) in the same run; machine read bandwidth "
           f"{res['read_bandwidth_gb_s']:.1f} GB/s from a 1 GiB sum)")
     print(f"{'tokens':>7}{'h/k/d':>11}{'MB':>8}{'library':>9}{'other ord':>10}{'ein bksd':>9}{'ein bskd':>9}"
-          f"{'split16':>9}{'read':>8}{'lib GB/s':>9}{'of read':>8}{'x fastest':>10}")
+          f"{'ein kT':>8}{'split16':>9}{'read':>8}{'lib GB/s':>9}{'of read':>8}{'x fastest':>10}")
     for r in res["rows"]:
         m = r["ms"]
         other = next(v for k, v in m.items() if k.startswith("library_"))
         print(f"{r['tokens']:>7}{str(r['heads']) + '/' + str(r['kv_heads']) + '/' + str(r['head_dim']):>11}"
               f"{r['mbytes']:>8.0f}{m['library']:>9.2f}{other:>10.2f}{m['einsum_bksd']:>9.2f}{m['einsum_bskd']:>9.2f}"
-              f"{m['split16_bksd']:>9.2f}{m['read']:>8.2f}{r['library_gb_s']:>9.1f}{r['fraction_of_read']:>8.0%}"
+              f"{m['einsum_kT']:>8.2f}{m['split16_bksd']:>9.2f}{m['read']:>8.2f}{r['library_gb_s']:>9.1f}{r['fraction_of_read']:>8.0%}"
               f"{r['library_vs_fastest']:>10.2f}")
 
 

@@ -17,6 +17,7 @@ Modules:
   routing: MoE router logits, top-k gating, load-balance / z-losses, confidence, dispatch metadata.
   sampling: greedy, temperature, top-k, top-p samplers and the `Sampler` rule.
   speculative: speculative decoding acceptance (greedy prefix match, rejection sampling).
+  validation: argument checks shared by the public API (finite values, integer ids, lengths vs capacity).
 """
 
 from primitives import attention, routing, sampling

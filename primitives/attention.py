@@ -35,6 +35,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from primitives.validation import check_lengths
+
 __all__ = [
     "AttentionOutput",
     "attention",
@@ -109,6 +111,16 @@ def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array, kv_layout: str = "bskd"
     return b, t, h, d, s, kh
 
 
+def _check_positions(name: str, positions, batch: int, length: int, axis: str) -> None:
+    """Positions must be [n] or [b, n] (a leading 1 broadcasts); anything else is the wrong length."""
+    if positions is None:
+        return
+    shape = tuple(jnp.shape(positions))
+    if shape not in ((length,), (1, length), (batch, length)):
+        raise ValueError(f"{name} must have shape [{axis}]=({length},) or [b, {axis}]=({batch}, {length}); "
+                         f"got {shape}")
+
+
 def attention_mask(
     *,
     batch: int,
@@ -126,6 +138,8 @@ def attention_mask(
 
     Returns None when nothing is masked.
     """
+    _check_positions("q_positions", q_positions, batch, q_len, "t")
+    _check_positions("kv_positions", kv_positions, batch, kv_len, "s")
     parts = []
     if causal:
         qp = jnp.arange(q_len)[None] if q_positions is None else q_positions
@@ -137,6 +151,7 @@ def attention_mask(
         kv_lengths = jnp.asarray(kv_lengths)
         if kv_lengths.shape != (batch,):
             raise ValueError(f"kv_lengths must have shape [b]=({batch},); got {kv_lengths.shape}")
+        check_lengths("kv_lengths", kv_lengths, kv_len)  # concrete values only (see `attention`)
         parts.append((jnp.arange(kv_len)[None, :] < kv_lengths[:, None])[:, None, None, :])
     if (q_segment_ids is None) != (kv_segment_ids is None):
         raise ValueError("pass both q_segment_ids and kv_segment_ids, or neither")
@@ -189,7 +204,9 @@ def attention(
       kv_positions: [b, s] or [s] positions of the keys; defaults to 0..s-1.
       q_segment_ids: [b, t] segment id per query (packing).
       kv_segment_ids: [b, s] segment id per key.
-      kv_lengths: [b] number of valid keys per sequence (right padding).
+      kv_lengths: [b] number of valid keys per sequence (right padding), in [0, s]. Concrete
+        values outside [0, s] raise ValueError; inside `jit` the lengths are traced and not
+        checked (a length above s then means all keys, a negative one no key: a zero row).
       mask: extra boolean mask broadcastable to [b, h, t, s]; True = attend.
       scale: logit scale; defaults to 1/sqrt(d).
       return_lse: also return the float32 logsumexp per (b, h, t).
@@ -200,6 +217,10 @@ def attention(
     Returns:
       [b, t, h, d] in q's dtype, or `AttentionOutput(out, lse)` when
       `return_lse`; lse has shape [b, h, t].
+
+    Raises:
+      ValueError: naming the argument, for shapes that disagree (q, k, v, positions of the wrong
+        length, segment ids, kv_lengths) and for concrete kv_lengths outside [0, s].
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -260,8 +281,10 @@ def decode_attention(
       k_cache: [b, s, k, d] cached keys ([b, k, s, d] when kv_layout="bksd"); entries at token
         index >= lengths[b] are ignored.
       v_cache: cached values, k_cache's shape.
-      lengths: [b] int, number of valid cache entries per sequence (0 allowed:
-        the output is zeros and the lse -inf).
+      lengths: [b] int, number of valid cache entries per sequence, in [0, s] (0 allowed:
+        the output is zeros and the lse -inf). Concrete lengths outside [0, s] (the cache
+        capacity) raise ValueError; traced lengths (inside `jit`) are not checked, and a length
+        above s then reads as the whole cache.
       scale: logit scale; defaults to 1/sqrt(d).
       return_lse: also return the logsumexp [b, h].
       kv_layout: "bskd" or "bksd", the cache's axis order (see `attention`).
@@ -271,6 +294,8 @@ def decode_attention(
     """
     if q.ndim != 3:
         raise ValueError(f"decode_attention expects q of shape [b, h, d]; got {q.shape}")
+    if k_cache.ndim == 4:
+        check_lengths("lengths", lengths, k_cache.shape[kv_token_axis(kv_layout)])
     res = attention(q[:, None], k_cache, v_cache, kv_lengths=lengths, scale=scale, return_lse=True,
                     kv_layout=kv_layout)
     out, lse = res.out[:, 0], res.lse[..., 0]
@@ -341,6 +366,7 @@ def rope(x: jax.Array, positions: jax.Array, *, base: float = 10000.0) -> jax.Ar
     if x.ndim != 4:
         raise ValueError(f"rope expects x of shape [b, t, h, d]; got {x.shape}")
     b, t, _, d = x.shape
+    _check_positions("positions", positions, b, t, "t")
     positions = jnp.broadcast_to(jnp.asarray(positions), (b, t)).astype(jnp.float32)
     angles = positions[..., None] * rope_frequencies(d, base=base)  # [b, t, d/2]
     sin = jnp.sin(angles)[:, :, None, :]

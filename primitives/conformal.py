@@ -55,6 +55,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from primitives.validation import concrete_value
+
 __all__ = [
     "QUANTILE_METHODS",
     "STABILITY_REDUCTIONS",
@@ -96,10 +98,21 @@ def _check_1d(name: str, x: jax.Array) -> None:
                          f"got shape {jnp.shape(x)}")
 
 
+def _check_no_nan(name: str, x: jax.Array) -> None:
+    """Concrete scores must not hold NaN (a NaN sorts last and silently shifts the quantile)."""
+    arr = concrete_value(x)
+    if arr is None or not np.issubdtype(arr.dtype, np.inexact):
+        return
+    nan = np.isnan(arr)
+    if nan.any():
+        raise ValueError(f"{name} must not contain NaN; got {int(nan.sum())} NaN of {arr.size} "
+                         f"(first at index {int(np.argmax(nan.ravel()))})")
+
+
 def _check_same_shape(**arrays) -> None:
     shapes = {k: jnp.shape(v) for k, v in arrays.items()}
     if len(set(shapes.values())) > 1:
-        raise ValueError(f"arguments must have the same shape; got {shapes}")
+        raise ValueError(f"{', '.join(shapes)} must have the same shape; got {shapes}")
 
 
 def _concrete_alpha(alpha) -> np.ndarray | None:
@@ -159,6 +172,10 @@ def conformal_quantile(scores: jax.Array, alpha, *, method: str = "exact") -> ja
     Returns:
       q_hat with alpha's shape, in the dtype of `scores`: +inf where k > n, -inf where k <= 0.
 
+    Raises:
+      ValueError: for concrete scores holding NaN (+-inf scores are allowed). Traced scores
+        (inside `jit`) are not checked; a NaN then sorts last and is counted as the largest score.
+
     Examples:
       >>> import jax.numpy as jnp
       >>> s = jnp.arange(1.0, 10.0)           # n = 9
@@ -173,6 +190,7 @@ def conformal_quantile(scores: jax.Array, alpha, *, method: str = "exact") -> ja
     _check_method(method)
     scores = jnp.asarray(scores)
     _check_1d("scores", scores)
+    _check_no_nan("scores", scores)
     if not jnp.issubdtype(scores.dtype, jnp.floating):
         scores = scores.astype(jnp.float32)
     n = scores.shape[0]
@@ -232,6 +250,9 @@ def split_conformal_interval(cal_pred: jax.Array, cal_y: jax.Array, test_pred: j
     """
     cal_pred, cal_y, test_pred = jnp.asarray(cal_pred), jnp.asarray(cal_y), jnp.asarray(test_pred)
     _check_1d("cal_pred", cal_pred)
+    _check_same_shape(cal_pred=cal_pred, cal_y=cal_y)
+    _check_no_nan("cal_pred", cal_pred)
+    _check_no_nan("cal_y", cal_y)
     _check_1d("test_pred", test_pred)
     if jnp.ndim(alpha) != 0:
         raise ValueError(f"alpha must be a scalar; got shape {jnp.shape(alpha)}")
@@ -272,6 +293,9 @@ def cqr_interval(cal_lo: jax.Array, cal_hi: jax.Array, cal_y: jax.Array, test_lo
     cal_lo, cal_hi, cal_y = jnp.asarray(cal_lo), jnp.asarray(cal_hi), jnp.asarray(cal_y)
     test_lo, test_hi = jnp.asarray(test_lo), jnp.asarray(test_hi)
     _check_1d("cal_lo", cal_lo)
+    _check_same_shape(cal_lo=cal_lo, cal_hi=cal_hi, cal_y=cal_y)
+    for name, arr in (("cal_lo", cal_lo), ("cal_hi", cal_hi), ("cal_y", cal_y)):
+        _check_no_nan(name, arr)
     _check_1d("test_lo", test_lo)
     _check_same_shape(test_lo=test_lo, test_hi=test_hi)
     if jnp.ndim(alpha) != 0:

@@ -60,6 +60,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import log_ndtr, ndtr
 
+from primitives.validation import concrete_value
+
 __all__ = [
     "KERNELS",
     "signal_kernel",
@@ -219,12 +221,35 @@ def signal_breakpoints(tau: jax.Array, *, kind: str, width: float = 1.0) -> jax.
 # ----------------------------------------------------------------------------------------------------
 
 
+def _check_a_sigma(fn):
+    """Front that checks concrete `a` and `sigma` (> 0, finite) and `mu` (finite) before `fn` runs.
+
+    Traced values (inside jit/vmap/grad) are not checked: a threshold or scale <= 0 then gives NaN.
+    """
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def front(*args, **kwargs):
+        bound = sig.bind_partial(*args, **kwargs).arguments
+        for name, positive in (("a", True), ("sigma", True), ("mu", False)):
+            arr = concrete_value(bound[name]) if name in bound else None
+            if arr is None:
+                continue
+            arr = np.asarray(arr, np.float64)
+            if not np.all(np.isfinite(arr) & ((arr > 0) if positive else True)):
+                raise ValueError(f"{name} must be finite{' and > 0' if positive else ''}; got {name}={bound[name]}")
+        return fn(*args, **kwargs)
+
+    return front
+
+
 def _positive_time(t):
     t = jnp.asarray(t, dtype=jnp.result_type(float))
     pos = t > 0
     return t, pos, jnp.where(pos, t, 1.0)
 
 
+@_check_a_sigma
 @jax.jit
 def ig_log_pdf(t: jax.Array, a: jax.Array, mu: jax.Array, sigma: jax.Array) -> jax.Array:
     """Log first-passage density of X_t = mu t + sigma W_t through a > 0 (-inf for t <= 0).
@@ -242,9 +267,14 @@ def ig_log_pdf(t: jax.Array, a: jax.Array, mu: jax.Array, sigma: jax.Array) -> j
     return jnp.where(pos, logf, -jnp.inf)
 
 
+@_check_a_sigma
 @jax.jit
 def ig_pdf(t: jax.Array, a: jax.Array, mu: jax.Array, sigma: jax.Array) -> jax.Array:
     """First-passage density of mu t + sigma W_t through a (inverse Gaussian; defective for mu < 0).
+
+    Like `ig_log_pdf`, `ig_cdf` and `ig_mass`, it raises ValueError for concrete `a` or `sigma` that
+    are not finite and > 0 or a non-finite `mu`; traced values (inside jit/vmap/grad) are not checked
+    and such inputs then give NaN.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -255,6 +285,7 @@ def ig_pdf(t: jax.Array, a: jax.Array, mu: jax.Array, sigma: jax.Array) -> jax.A
     return jnp.where(pos, jnp.exp(ig_log_pdf(t, a, mu, sigma)), 0.0)
 
 
+@_check_a_sigma
 @jax.jit
 def ig_cdf(t: jax.Array, a: jax.Array, mu: jax.Array, sigma: jax.Array) -> jax.Array:
     """P(T <= t) for constant drift.
@@ -272,6 +303,7 @@ def ig_cdf(t: jax.Array, a: jax.Array, mu: jax.Array, sigma: jax.Array) -> jax.A
     return jnp.where(pos, jnp.clip(first + second, 0.0, 1.0), 0.0)
 
 
+@_check_a_sigma
 @jax.jit
 def ig_mass(a: jax.Array, mu: jax.Array, sigma: jax.Array) -> jax.Array:
     """P(T < inf) = min(1, exp(2 mu a / sigma^2)): 1 for mu >= 0, defective for mu < 0."""

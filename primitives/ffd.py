@@ -34,7 +34,7 @@ This module is the readable reference: :func:`top_delta_keep` makes exactly the 
 :func:`ffd_decode` is the two together. The baselines select pages at a given count per (sequence,
 KV head): :func:`top_k_keep` (global top-k of the scan maxima: needs all page maxima before any
 attention, the synchronization FFD avoids) and :func:`quest_keep` (Quest: upper bounds from
-per-page per-channel min/max keys). :func:`dense_decode` is the exact reference. The fused Pallas
+per-page per-channel min/max keys, computed by :mod:`primitives.quest`). :func:`dense_decode` is the exact reference. The fused Pallas
 kernel lives in ``pallas_kernels/ffd_decode``.
 
 :func:`fast_ffd_decode` is the XLA (CPU) path: XLA does not fuse bit unpacking into a dot, so it
@@ -65,6 +65,7 @@ import jax
 import jax.numpy as jnp
 
 from primitives.attention import AttentionOutput, combine_partials, decode_attention, kv_token_axis
+from primitives import quest
 
 __all__ = [
     "LOG2E",
@@ -367,20 +368,15 @@ def top_delta_keep(q: jax.Array, cache: FFDCache, delta: float) -> tuple[jax.Arr
 def _top_pages(page_scores: jax.Array, valid: jax.Array, num_pages) -> jax.Array:
     """keep [b, k, p]: the ``num_pages`` highest-scoring valid pages per (b, k) (ties: lower index).
 
-    ``num_pages`` is an int or a [b] int array (a budget per sequence).
+    ``num_pages`` is an int or a [b] int array (a budget per sequence); the ranking is
+    :func:`primitives.quest.select_pages`.
     """
-    if isinstance(num_pages, (int, float)):
-        if num_pages < 0:
-            raise ValueError(f"num_pages must be >= 0, got {num_pages}")
-        n = jnp.asarray(int(num_pages))
-    else:
+    if not isinstance(num_pages, (int, float)):
         n = jnp.asarray(num_pages)
         if n.shape != (page_scores.shape[0],):
             raise ValueError(f"num_pages must be an int or have shape ({page_scores.shape[0]},), got {n.shape}")
-        n = n[:, None, None]
-    scores = jnp.where(valid, page_scores, -jnp.inf)
-    rank = jnp.argsort(jnp.argsort(-scores, axis=-1, stable=True), axis=-1, stable=True)
-    return (rank < n) & valid
+        num_pages = n[:, None]
+    return quest.select_pages(page_scores, num_pages, valid=valid)
 
 
 def top_k_keep(q: jax.Array, cache: FFDCache, num_pages) -> jax.Array:
@@ -390,16 +386,22 @@ def top_k_keep(q: jax.Array, cache: FFDCache, num_pages) -> jax.Array:
 
 
 def quest_bounds(pages: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Quest metadata: per-page per-channel min and max over tokens of keys ``[..., bs, d]``."""
-    x = pages.astype(jnp.float32)
-    return jnp.min(x, axis=-2), jnp.max(x, axis=-2)
+    """Quest metadata: per-page per-channel min and max over tokens of keys ``[..., bs, d]`` -> ``[..., d]``.
+
+    :func:`primitives.quest.page_bounds` with one page per ``[bs, d]`` block.
+    """
+    lo, hi = quest.page_bounds(pages, page_size=pages.shape[-2])
+    return lo[..., 0, :], hi[..., 0, :]
 
 
 def quest_keep(q: jax.Array, cache: FFDCache, num_pages) -> jax.Array:
-    """Baseline (Quest): top-k pages by the bound ``max_t q.k_t <= sum_d max(q_d min_d, q_d max_d)``."""
+    """Baseline (Quest): top-k pages by the bound ``max_t q.k_t <= sum_d max(q_d min_d, q_d max_d)``.
+
+    The bound is :func:`primitives.quest.page_scores` per query head; a page's score is the max over
+    its GQA group.
+    """
     qg = _grouped(q, cache)[:, :, :, None]  # [b, k, g, 1, d]
-    lo, hi = cache.page_min[:, :, None], cache.page_max[:, :, None]  # [b, k, 1, p, d]
-    upper = jnp.sum(jnp.maximum(qg * lo, qg * hi), axis=-1)  # [b, k, g, p]
+    upper = quest.page_scores(qg, cache.page_min[:, :, None], cache.page_max[:, :, None])  # [b, k, g, p]
     return _top_pages(jnp.max(upper, axis=2), cache.valid_pages[:, None, :], num_pages)
 
 

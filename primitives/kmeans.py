@@ -110,7 +110,7 @@ def kmeans(x: jax.Array, key: jax.Array, *, num_centroids: int, max_iters: int =
     """Lloyd's k-means on every group of ``x`` independently.
 
     Args:
-      x: [..., s, d] float points.
+      x: [..., s, d] float points (s >= 1).
       key: PRNG key for the initialization (one independent draw per group).
       num_centroids: k >= 1; capped at s (every point its own centroid).
       max_iters: the most Lloyd steps (>= 0; 0 returns the initialization).
@@ -121,6 +121,8 @@ def kmeans(x: jax.Array, key: jax.Array, *, num_centroids: int, max_iters: int =
     """
     if x.ndim < 2:
         raise ValueError(f"x must be [..., s, d]; got shape {x.shape}")
+    if x.shape[-2] < 1:
+        raise ValueError(f"x must hold at least one point per group (s >= 1); got shape {x.shape}")
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"x must be a floating-point array; got dtype {x.dtype}")
     if int(num_centroids) < 1:

@@ -41,6 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from primitives.validation import check_finite, check_token_ids
+
 __all__ = [
     "REDUCTIONS",
     "group_advantages",
@@ -96,16 +98,23 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array, *, temperature: float =
 
     Args:
       logits: [..., t, v] logits predicting each token.
-      tokens: [..., t] int token ids.
+      tokens: [..., t] int token ids in [0, v).
       temperature: > 0; the policy being optimized is the temperature-scaled one.
 
     Returns:
       [..., t] float32 log-probs.
+
+    Raises:
+      TypeError: if `tokens` is not an integer array.
+      ValueError: on shape mismatch, a non-finite temperature, or concrete token ids outside
+        [0, v). Traced ids (inside `jit`) are not checked: an out-of-range id then gives NaN.
     """
+    check_finite("temperature", temperature)
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0; got {temperature}")
     if logits.shape[:-1] != tokens.shape:
         raise ValueError(f"logits [..., t, v] and tokens [..., t] disagree: {logits.shape} vs {tokens.shape}")
+    check_token_ids("tokens", tokens, logits.shape[-1])
     logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
     return jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
 

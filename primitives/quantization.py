@@ -55,6 +55,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from primitives.validation import check_finite
+
 __all__ = [
     "BITS",
     "SCHEMES",
@@ -290,6 +292,7 @@ def _check_x(x: Any) -> None:
     dt = jnp.result_type(x)
     if not jnp.issubdtype(dt, jnp.floating):
         raise ValueError(f"x must be a floating-point array; got dtype {dt}")
+    check_finite("x", x)  # one inf/NaN would set its group's scale to inf/NaN and wipe the group
 
 
 def _check_layout(shape, *, bits, group_size, axis, pack_block):
@@ -337,6 +340,11 @@ def quantize(x: jax.Array, *, bits: int, group_size: int, axis: int = -1, scheme
 
     Returns:
       A :class:`QuantizedTensor`.
+
+    Raises:
+      ValueError: naming the argument, for bad options and for a concrete ``x`` holding NaN or
+        +-inf (one such entry would wipe its whole group). A traced ``x`` (inside ``jit``) is not
+        checked for finiteness.
     """
     bits, scheme = _check_bits(bits), _check_scheme(scheme)
     _check_x(x)

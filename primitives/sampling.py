@@ -22,6 +22,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from primitives.validation import check_finite, check_int
+
 __all__ = [
     "greedy",
     "temperature_sample",
@@ -34,8 +36,15 @@ __all__ = [
 
 
 def _check_temperature(temperature: float) -> None:
+    check_finite("temperature", temperature)
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (use greedy for 0); got temperature={temperature}")
+
+
+def _check_vocab(logits: jax.Array) -> None:
+    shape = jnp.shape(logits)
+    if len(shape) == 0 or shape[-1] == 0:
+        raise ValueError(f"logits must be [..., v] with a non-empty vocabulary v >= 1; got shape {shape}")
 
 
 def greedy(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
@@ -47,6 +56,7 @@ def greedy(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
       Array([1], dtype=int32)
     """
     del key
+    _check_vocab(logits)
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
@@ -80,6 +90,7 @@ def top_p_logits(logits: jax.Array, p: float) -> jax.Array:
 def temperature_sample(logits: jax.Array, key: jax.Array, *, temperature: float = 1.0) -> jax.Array:
     """Samples from softmax(logits / temperature)."""
     _check_temperature(temperature)
+    _check_vocab(logits)
     return jax.random.categorical(key, logits.astype(jnp.float32) / temperature, axis=-1).astype(jnp.int32)
 
 
@@ -104,8 +115,8 @@ class Sampler:
     temperature -> top-k -> top-p, as in most serving stacks.
 
     Attributes:
-      temperature: 0 for greedy, otherwise > 0.
-      top_k: keep the k most likely tokens (None = all).
+      temperature: 0 for greedy, otherwise > 0 (finite; NaN and inf raise ValueError).
+      top_k: keep the k most likely tokens (an int >= 1, or None = all).
       top_p: nucleus mass in (0, 1] (None = 1).
     """
 
@@ -114,6 +125,11 @@ class Sampler:
     top_p: float | None = None
 
     def __post_init__(self):
+        check_finite("temperature", self.temperature)
+        if self.top_k is not None:
+            check_int("top_k", self.top_k)
+        if self.top_p is not None:
+            check_finite("top_p", self.top_p)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0; got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
@@ -127,6 +143,7 @@ class Sampler:
 
     def filtered_logits(self, logits: jax.Array) -> jax.Array:
         """Logits of the distribution this sampler draws from (-inf = excluded)."""
+        _check_vocab(logits)
         x = logits.astype(jnp.float32)
         if self.is_greedy:
             best = jnp.argmax(x, axis=-1)

@@ -29,7 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from algorithms.decoding._prompts import check_prompts, resolve_key
 from primitives.sampling import Sampler
+from primitives.validation import check_token_ids
 
 __all__ = ["GenerateOutput", "generate"]
 
@@ -71,7 +73,8 @@ def generate(
       model: a decoder LM with `init_cache(batch, capacity)` and
         `__call__(tokens, *, cache, num_valid, logits_at, **model_kwargs)` returning an
         object with `.logits` and `.cache` (e.g. `models.Transformer`).
-      prompts: [b, P] int right-padded prompt tokens.
+      prompts: [b, P] int right-padded prompt tokens, ids in [0, vocab_size) (padding included),
+        checked here before the jitted loop (float ids: TypeError; out-of-range: ValueError).
       max_new_tokens: N >= 1.
       prompt_lengths: [b] real prompt lengths (>= 1); default P for every row.
       sampler: `(logits [b, v], key) -> tokens [b]`; a `Sampler` (hashable, so
@@ -89,26 +92,9 @@ def generate(
     Returns:
       GenerateOutput.
     """
-    prompts = jnp.asarray(prompts)
-    if prompts.ndim != 2:
-        raise ValueError(f"prompts must be [b, P]; got shape {prompts.shape}")
-    b, p = prompts.shape
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
-    if prompt_lengths is None:
-        prompt_lengths = jnp.full((b,), p, jnp.int32)
-    prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
-    if prompt_lengths.shape != (b,):
-        raise ValueError(f"prompt_lengths must have shape [b]=({b},); got {prompt_lengths.shape}")
-    if not isinstance(prompt_lengths, jax.core.Tracer):
-        lengths_np = np.asarray(prompt_lengths)
-        if lengths_np.min() < 1 or lengths_np.max() > p:
-            raise ValueError(f"prompt_lengths must lie in [1, P={p}]; got {lengths_np.tolist()}")
-    is_greedy = isinstance(sampler, Sampler) and sampler.is_greedy
-    if key is None:
-        if not is_greedy:
-            raise ValueError("a PRNG key is required for a non-greedy sampler; pass key=")
-        key = jax.random.key(0)
+    prompts, prompt_lengths, b, p = check_prompts(prompts, prompt_lengths, max_new_tokens=max_new_tokens)
+    check_token_ids("prompts", prompts, getattr(getattr(model, "config", None), "vocab_size", None))
+    key = resolve_key(key, isinstance(sampler, Sampler) and sampler.is_greedy)
     if cache is not None:
         if cache.batch_size != b:
             raise ValueError(f"cache batch size {cache.batch_size} != prompts batch size {b}")

@@ -67,12 +67,14 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from models.kv_cache import KVCache, token_major
+from algorithms.decoding._prompts import check_prompts, resolve_key
+from models.kv_cache import KVCache
 from models.transformer import SparseDecode
+from primitives import quest
 from primitives import speculative as spec
+from primitives.attention import kv_token_axis
 from primitives.sampling import Sampler
 
 __all__ = ["key_importance", "sparse_budget", "select_keys", "draft_key_mask", "streaming_keep", "page_bounds",
@@ -202,21 +204,19 @@ def streaming_keep(valid_len: int | jax.Array, budget: int | jax.Array, capacity
 def page_bounds(keys: jax.Array, valid_len: int | jax.Array, page_size: int) -> tuple[jax.Array, jax.Array]:
     """Quest's per-page element-wise min and max of the keys: keys [N, kh, d] -> ([P, kh, d], [P, kh, d]).
 
-    Keys at positions >= valid_len are excluded (a page with none gets +inf / -inf bounds).
+    Keys at positions >= valid_len are excluded (a page with none gets +inf / -inf bounds). The
+    token-major view of :func:`primitives.quest.page_bounds`.
     """
-    n, kh, d = keys.shape
-    p = math.ceil(n / page_size)
-    pad = p * page_size - n
-    valid = (jnp.arange(p * page_size) < valid_len)[:, None, None]
-    kp = jnp.pad(keys.astype(jnp.float32), ((0, pad), (0, 0), (0, 0)))
-    lo = jnp.where(valid, kp, jnp.inf).reshape(p, page_size, kh, d).min(axis=1)
-    hi = jnp.where(valid, kp, -jnp.inf).reshape(p, page_size, kh, d).max(axis=1)
-    return lo, hi
+    lo, hi = quest.page_bounds(jnp.swapaxes(keys, 0, 1), page_size=page_size, valid_len=valid_len)
+    return jnp.swapaxes(lo, 0, 1), jnp.swapaxes(hi, 0, 1)
 
 
 def quest_keep(q: jax.Array, lo: jax.Array, hi: jax.Array, valid_len: int | jax.Array, budget: int | jax.Array,
                *, page_size: int, capacity: int) -> jax.Array:
     """Quest drafter: the pages with the largest upper bound ``sum_c max(q_c lo_c, q_c hi_c)``.
+
+    A page's score is the max of :func:`primitives.quest.page_scores` over all query heads; the
+    pages are :func:`primitives.quest.select_pages`.
 
     Args:
       q: [H, d] the current query (query heads grouped over kh KV heads).
@@ -229,13 +229,10 @@ def quest_keep(q: jax.Array, lo: jax.Array, hi: jax.Array, valid_len: int | jax.
     """
     h, d = q.shape
     p, kh, _ = lo.shape
-    qg = q.astype(jnp.float32).reshape(kh, h // kh, d)
-    bound = jnp.maximum(qg[None] * lo[:, :, None], qg[None] * hi[:, :, None]).sum(-1)  # [P, kh, g]
-    score = jnp.where(jnp.isfinite(bound), bound, -jnp.inf).max(axis=(1, 2))  # a page matters if any head wants it
-    pages = jnp.minimum(-(-jnp.asarray(budget, jnp.int32) // page_size), p)
-    order = jnp.argsort(-score)
-    rank = jnp.zeros(p, jnp.int32).at[order].set(jnp.arange(p, dtype=jnp.int32))
-    keep_page = (rank < pages) & jnp.isfinite(score)
+    qg = q.reshape(kh, h // kh, d)
+    bound = quest.page_scores(qg[None], lo[:, :, None], hi[:, :, None])  # [P, kh, g]
+    score = bound.max(axis=(1, 2))  # a page matters if any head wants it
+    keep_page = quest.select_pages(score, -(-jnp.asarray(budget, jnp.int32) // page_size))
     pos = jnp.arange(capacity)
     return keep_page[jnp.minimum(pos // page_size, p - 1)] & (pos < valid_len)
 
@@ -395,26 +392,24 @@ class QuestDrafter:
 
     def refresh(self, info: VerifyInfo, *, scale: float):
         del scale
-        bounds = jax.vmap(jax.vmap(functools.partial(page_bounds, page_size=self.page_size)))
-        keys = jnp.stack([token_major(k, info.cache.layout) for k in info.cache.keys])  # [L, b, S, kh, d]
-        lo, hi = bounds(keys, jnp.broadcast_to(info.valid_len, keys.shape[:2]))
-        return lo, hi, info.valid_len, info.budget
+        head_major = kv_token_axis(info.cache.layout) == 2
+        keys = jnp.stack([k if head_major else jnp.swapaxes(k, 1, 2) for k in info.cache.keys])  # [L, b, kh, S, d]
+        lo, hi = quest.page_bounds(keys, page_size=self.page_size, valid_len=info.valid_len[:, None])
+        return lo, hi, info.valid_len, info.budget  # bounds [L, b, kh, P, d]
 
     def select(self, selection, layer: int, q: jax.Array, keys: jax.Array):
         lo, hi, valid_len, budget = selection
-        lo, hi = lo[layer], hi[layer]  # [b, P, kh, d]
-        b, num_pages, kh, d = lo.shape
+        lo, hi = lo[layer], hi[layer]  # [b, kh, P, d]
+        b, kh, num_pages, d = lo.shape
         capacity = keys.shape[1]
-        qg = q.astype(jnp.float32).reshape(b, kh, -1, d)
-        bound = jnp.maximum(qg[:, None] * lo[:, :, :, None], qg[:, None] * hi[:, :, :, None]).sum(-1)
-        score = jnp.where(jnp.isfinite(bound), bound, -jnp.inf).max(axis=(2, 3))  # [b, P]
+        qg = q.reshape(b, kh, -1, 1, d)
+        bound = quest.page_scores(qg, lo[:, :, None], hi[:, :, None])  # [b, kh, g, P]
+        score = bound.max(axis=(1, 2))  # [b, P]: a page is kept for the layer when any head ranks it high
         max_pages = min(num_pages, -(-self.budget.max_keys(capacity) // self.page_size))
-        _, pages = jax.lax.top_k(score, max_pages)  # [b, Kp]
-        n_pages = jnp.minimum(-(-budget // self.page_size), max_pages)[:, None]
+        pages, ok = quest.top_pages(score, max_pages, -(-budget // self.page_size))  # [b, Kp]
         idx = (pages[:, :, None] * self.page_size + jnp.arange(self.page_size)).reshape(b, -1)
-        ok = jnp.repeat(jnp.arange(max_pages)[None, :] < n_pages, self.page_size, axis=1)
-        ok = ok & (idx < valid_len[:, None])
-        return idx.astype(jnp.int32), ok
+        ok = jnp.repeat(ok, self.page_size, axis=1) & (idx < valid_len[:, None])
+        return idx, ok
 
 
 @dataclasses.dataclass(frozen=True)
@@ -487,28 +482,13 @@ def speculative_generate(model: nnx.Module, prompts: jax.Array, *, max_new_token
     Returns:
       SpeculativeOutput.
     """
-    prompts = jnp.asarray(prompts)
-    if prompts.ndim != 2:
-        raise ValueError(f"prompts must be [b, P]; got shape {prompts.shape}")
-    b, p = prompts.shape
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
+    prompts, lengths, _, _ = check_prompts(prompts, prompt_lengths, max_new_tokens=max_new_tokens)
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1; got {gamma}")
     for name in ("verify_rows", "refresh", "select"):
         if not hasattr(drafter, name):
             raise ValueError(f"drafter must define {name}(); got {type(drafter).__name__}")
-    lengths = jnp.full((b,), p, jnp.int32) if prompt_lengths is None else jnp.asarray(prompt_lengths, jnp.int32)
-    if lengths.shape != (b,):
-        raise ValueError(f"prompt_lengths must have shape [b]=({b},); got {lengths.shape}")
-    if not isinstance(lengths, jax.core.Tracer):
-        ln = np.asarray(lengths)
-        if ln.min() < 1 or ln.max() > p:
-            raise ValueError(f"prompt_lengths must lie in [1, P={p}]; got {ln.tolist()}")
-    if key is None:
-        if not sampler.is_greedy:
-            raise ValueError("a PRNG key is required for a non-greedy sampler; pass key=")
-        key = jax.random.key(0)
+    key = resolve_key(key, sampler.is_greedy)
     max_ratio = drafter.budget.ratio
     if budget_ratio is None:
         budget_ratio = max_ratio
@@ -621,7 +601,7 @@ def _listed_count(drafter, selection, model, cache) -> jax.Array:
     if isinstance(drafter, QuestDrafter):
         lo, hi, valid_len, budget = selection
         ps = drafter.page_size
-        pages = jnp.minimum(-(-budget // ps), lo.shape[2])
+        pages = jnp.minimum(-(-budget // ps), lo.shape[-2])
         return jnp.minimum(pages * ps, valid_len) + 2 * (-(-valid_len // ps))  # + the bounds of every page
     ok = selection[1]
     return ok.sum(-1).mean(0) if ok.ndim == 3 else ok.sum(-1)

@@ -262,7 +262,9 @@ def ptas_single_set(mu, eps: float, *, max_support: int | None = None,
       mu: means [n] (the guarantee needs mu >= 0).
       eps: accuracy in (0, 1); runtime n^O(eps^-2) eps^-O(eps^-2), practical for eps >= ~0.5, small n.
       max_support: optional cap on K (a deviation from the paper; default the paper's K).
-      max_candidates: refuse (ValueError) instances that would evaluate more allocations than this.
+      max_candidates: refuse (ValueError) instances that would evaluate more allocations than this,
+        or whose candidate count needs a table of more than this many entries (eps^-6); both are
+        checked before anything of the grid's size is allocated.
 
     Returns:
       PTASResult.
@@ -272,7 +274,7 @@ def ptas_single_set(mu, eps: float, *, max_support: int | None = None,
     """
     mu = _check_mu(mu)
     n = mu.shape[0]
-    grid = ptas_grid(eps)
+    eps = _check_eps(eps)
     k_max = min(n, int(math.ceil(1.0 / eps ** 2 - 1e-9)))
     if max_support is not None:
         if not (isinstance(max_support, int) and max_support >= 1):
@@ -280,6 +282,16 @@ def ptas_single_set(mu, eps: float, *, max_support: int | None = None,
         k_max = min(k_max, max_support)
     step = eps ** 3
     budget = int(math.floor(1.0 / step ** 2 + 1e-9))  # sum_i j_i^2 <= eps^-6 <=> sum sigma^2 <= 1
+    # Before allocating anything of the grid's size: a lower bound on the candidate count (every
+    # tuple with all j <= sqrt(budget / s) is feasible) and the size of the counting table.
+    lower = sum(math.comb(n, s) * math.isqrt(budget // s) ** s * s for s in range(1, k_max + 1))
+    if lower > max_candidates:
+        raise ValueError(f"Algorithm 1 at eps={eps}, n={n} would evaluate at least {lower} allocations > "
+                         f"max_candidates={max_candidates}; raise eps or max_candidates")
+    if budget + 1 > max_candidates:
+        raise ValueError(f"Algorithm 1 at eps={eps} needs a counting table of eps^-6 = {budget + 1} entries > "
+                         f"max_candidates={max_candidates}; raise eps or max_candidates")
+    grid = ptas_grid(eps)
     counts = _count_tuples(grid.size, budget, k_max)
     total = sum(math.comb(n, s) * counts[s] * s for s in range(1, k_max + 1))
     if total > max_candidates:

@@ -53,10 +53,11 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
+
+from experiments.tasks.tokenizer import SymbolTokenizer
 
 __all__ = ["Fact", "MultiHopProblem", "MultiHopTask", "WordTokenizer", "LABELS", "VERDICT_TOKENS"]
 
@@ -64,10 +65,10 @@ LABELS = ("SUPPORTS", "REFUTES")
 VERDICT_TOKENS = {"SUPPORTS": "S", "REFUTES": "R"}
 
 
-class WordTokenizer:
+class WordTokenizer(SymbolTokenizer):
     """One token per whitespace-separated symbol of a fixed vocabulary.
 
-    Same special ids and interface as `CharTokenizer` (PAD=0, BOS=1, EOS=2,
+    The `SymbolTokenizer` body of `CharTokenizer` (PAD=0, BOS=1, EOS=2,
     `encode`, `decode`, `vocab_size`), so `lm_batch`, `prompt_batch` and
     `grpo.text_reward` work unchanged; `decode` joins symbols with spaces.
 
@@ -79,62 +80,23 @@ class WordTokenizer:
         'e1 |'
     """
 
-    pad_id = 0
-    bos_id = 1
-    eos_id = 2
-    num_special = 3
+    separator = " "
 
     def __init__(self, symbols: Sequence[str]):
         symbols = list(symbols)
         if not symbols or any(not isinstance(s, str) or not s or s.split() != [s] for s in symbols):
             raise ValueError(f"symbols: expected non-empty symbols without whitespace, got {symbols!r}")
-        repeated = sorted(s for s, n in Counter(symbols).items() if n > 1)
+        repeated = self._repeated(symbols)
         if repeated:
             raise ValueError(f"symbols: expected each symbol once, got repeated {repeated!r}")
-        self.symbols = tuple(symbols)
-        self._to_id = {s: i + self.num_special for i, s in enumerate(symbols)}
+        super().__init__(symbols)
+        self.symbols = self._symbols
+
+    def _split(self, text: str) -> list[str]:
+        return text.split()
 
     def __repr__(self) -> str:
         return f"WordTokenizer({len(self.symbols)} symbols)"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, WordTokenizer) and other.symbols == self.symbols
-
-    def __hash__(self) -> int:
-        return hash(self.symbols)
-
-    @property
-    def vocab_size(self) -> int:
-        """The 3 special ids plus one per symbol."""
-        return self.num_special + len(self.symbols)
-
-    def encode(self, text: str) -> list[int]:
-        """Encodes whitespace-separated symbols (no BOS/EOS).
-
-        Raises:
-            ValueError: naming the unknown symbol.
-        """
-        try:
-            return [self._to_id[s] for s in text.split()]
-        except KeyError as e:
-            raise ValueError(f"text: unknown symbol {e.args[0]!r} in {text!r}") from None
-
-    def decode(self, ids: Iterable[int] | np.ndarray, *, stop_at_eos: bool = True) -> str:
-        """Decodes ids to space-joined symbols; PAD/BOS skipped, stops at EOS unless `stop_at_eos=False`."""
-        arr = ids if isinstance(ids, np.ndarray) else np.asarray(list(ids), dtype=np.int64)
-        if arr.ndim != 1:
-            raise ValueError(f"ids: expected a 1-D sequence, got shape {arr.shape}")
-        out = []
-        for i in arr.tolist():
-            if not 0 <= i < self.vocab_size:
-                raise ValueError(f"ids: expected integers in [0, {self.vocab_size}), got {i!r}")
-            if i == self.eos_id:
-                if stop_at_eos:
-                    break
-                continue
-            if i >= self.num_special:
-                out.append(self.symbols[i - self.num_special])
-        return " ".join(out)
 
 
 @dataclasses.dataclass(frozen=True)

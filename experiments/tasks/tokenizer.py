@@ -36,74 +36,68 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["CharTokenizer", "lm_batch", "prompt_batch"]
+__all__ = ["SymbolTokenizer", "CharTokenizer", "lm_batch", "prompt_batch"]
 
 
-class CharTokenizer:
-    """Maps each character of a fixed alphabet to one token id.
+class SymbolTokenizer:
+    """One token id per symbol of a fixed vocabulary; the body shared by the task tokenizers.
+
+    Ids 0, 1 and 2 are PAD, BOS and EOS; ``symbols[i]`` has id ``i + 3``. A subclass says how text
+    splits into symbols (``_split``), how decoded symbols join (``separator``) and how an unknown
+    symbol is reported (``_unknown``); ``CharTokenizer`` (one character per token) and
+    ``experiments.tasks.multihop.WordTokenizer`` (whitespace-separated words) are the two.
 
     Attributes:
         pad_id: id 0, right padding.
         bos_id: id 1, begins every sequence.
         eos_id: id 2, ends every completion.
-        alphabet: the characters in id order (`alphabet[i]` has id `i + 3`).
     """
 
     pad_id = 0
     bos_id = 1
     eos_id = 2
     num_special = 3
+    separator = ""
 
-    def __init__(self, alphabet: str):
-        """Builds the tokenizer.
+    def __init__(self, symbols: Sequence[str]):
+        self._symbols = tuple(symbols)
+        self._to_id = {s: i + self.num_special for i, s in enumerate(self._symbols)}
 
-        Args:
-            alphabet: the characters to encode, each once.
+    @staticmethod
+    def _repeated(symbols: Iterable[str]) -> list[str]:
+        """The symbols that occur more than once, sorted."""
+        return sorted(s for s, n in Counter(symbols).items() if n > 1)
 
-        Raises:
-            ValueError: if `alphabet` is empty or repeats a character.
-        """
-        if not isinstance(alphabet, str) or not alphabet:
-            raise ValueError(f"alphabet: expected a non-empty str, got {alphabet!r}")
-        repeated = sorted(c for c, n in Counter(alphabet).items() if n > 1)
-        if repeated:
-            raise ValueError(
-                f"alphabet: expected each character once, got {alphabet!r} "
-                f"with repeated characters {repeated!r}"
-            )
-        self.alphabet = alphabet
-        self._char_to_id = {c: i + self.num_special for i, c in enumerate(alphabet)}
+    def _split(self, text: str) -> list[str]:
+        raise NotImplementedError
 
-    def __repr__(self) -> str:
-        return f"CharTokenizer({self.alphabet!r})"
+    def _unknown(self, symbol: str, text: str) -> str:
+        return f"text: unknown symbol {symbol!r} in {text!r}"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, CharTokenizer) and other.alphabet == self.alphabet
+        return type(other) is type(self) and other._symbols == self._symbols
 
     def __hash__(self) -> int:
-        return hash(self.alphabet)
+        return hash(self._symbols)
 
     @property
     def vocab_size(self) -> int:
-        """Number of token ids: the 3 special tokens plus one per character."""
-        return self.num_special + len(self.alphabet)
+        """Number of token ids: the 3 special tokens plus one per symbol."""
+        return self.num_special + len(self._symbols)
 
     def encode(self, text: str) -> list[int]:
-        """Encodes `text`, one id per character, without BOS or EOS.
+        """Encodes `text`, one id per symbol, without BOS or EOS.
 
         Raises:
-            ValueError: if a character of `text` is not in the alphabet.
+            ValueError: if a symbol of `text` is not in the vocabulary (naming it).
         """
         try:
-            return [self._char_to_id[c] for c in text]
+            return [self._to_id[s] for s in self._split(text)]
         except KeyError as e:
-            raise ValueError(
-                f"text: expected characters from the alphabet {self.alphabet!r}, "
-                f"got unknown character {e.args[0]!r} in {text!r}"
-            ) from None
+            raise ValueError(self._unknown(e.args[0], text)) from None
 
     def decode(self, ids: Iterable[int] | np.ndarray, *, stop_at_eos: bool = True) -> str:
-        """Decodes a 1-D sequence of ids back to text.
+        """Decodes a 1-D sequence of ids back to text (symbols joined by `separator`).
 
         PAD and BOS are skipped. With `stop_at_eos` decoding stops at the first
         EOS; without it EOS tokens are skipped like PAD.
@@ -121,7 +115,7 @@ class CharTokenizer:
         arr = ids if isinstance(ids, np.ndarray) else np.asarray(list(ids), dtype=np.int64)
         if arr.ndim != 1:
             raise ValueError(f"ids: expected a 1-D sequence, got shape {arr.shape}")
-        chars = []
+        out = []
         for i in arr.tolist():
             if not isinstance(i, int) or not 0 <= i < self.vocab_size:
                 raise ValueError(f"ids: expected integers in [0, {self.vocab_size}), got {i!r}")
@@ -130,8 +124,49 @@ class CharTokenizer:
                     break
                 continue
             if i >= self.num_special:
-                chars.append(self.alphabet[i - self.num_special])
-        return "".join(chars)
+                out.append(self._symbols[i - self.num_special])
+        return self.separator.join(out)
+
+
+class CharTokenizer(SymbolTokenizer):
+    """Maps each character of a fixed alphabet to one token id.
+
+    Attributes:
+        pad_id: id 0, right padding.
+        bos_id: id 1, begins every sequence.
+        eos_id: id 2, ends every completion.
+        alphabet: the characters in id order (`alphabet[i]` has id `i + 3`).
+    """
+
+    def __init__(self, alphabet: str):
+        """Builds the tokenizer.
+
+        Args:
+            alphabet: the characters to encode, each once.
+
+        Raises:
+            ValueError: if `alphabet` is empty or repeats a character.
+        """
+        if not isinstance(alphabet, str) or not alphabet:
+            raise ValueError(f"alphabet: expected a non-empty str, got {alphabet!r}")
+        repeated = self._repeated(alphabet)
+        if repeated:
+            raise ValueError(
+                f"alphabet: expected each character once, got {alphabet!r} "
+                f"with repeated characters {repeated!r}"
+            )
+        super().__init__(alphabet)
+        self.alphabet = alphabet
+
+    def _split(self, text: str) -> list[str]:
+        return list(text)
+
+    def _unknown(self, symbol: str, text: str) -> str:
+        return (f"text: expected characters from the alphabet {self.alphabet!r}, "
+                f"got unknown character {symbol!r} in {text!r}")
+
+    def __repr__(self) -> str:
+        return f"CharTokenizer({self.alphabet!r})"
 
 
 def lm_batch(

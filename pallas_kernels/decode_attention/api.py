@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,12 +31,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels import _backend
+from pallas_kernels._common import Cost
 from pallas_kernels.decode_attention.config import DecodeBlockSizes
 from pallas_kernels.decode_attention.cost import decode_cost
-from pallas_kernels.decode_attention.kernel import decode_kernel
+from pallas_kernels.decode_attention.kernel import TileLoader, dense_tile_loader, split_k_decode_kernel
 from primitives import attention as attn_ref
+from primitives.validation import check_lengths
 
-__all__ = ["decode_attention"]
+__all__ = ["decode_attention", "split_k_decode"]
 
 
 def _check(q, k, v, lengths, kv_layout):
@@ -53,6 +56,19 @@ def _check(q, k, v, lengths, kv_layout):
         raise ValueError(f"lengths must have shape [b]=({b},); got {lengths.shape}")
 
 
+def _check_lengths_eagerly(jitted):
+    """Thin unjitted front: concrete `lengths` must lie in [0, cache capacity] (traced ones pass)."""
+
+    @functools.wraps(jitted)
+    def front(q, k, v, lengths, **kwargs):
+        if getattr(k, "ndim", None) == 4:
+            check_lengths("lengths", lengths, k.shape[attn_ref.kv_token_axis(kwargs.get("kv_layout", "bskd"))])
+        return jitted(q, k, v, lengths, **kwargs)
+
+    return front
+
+
+@_check_lengths_eagerly
 @functools.partial(jax.jit, static_argnames=("scale", "block_sizes", "return_residuals", "normalize_output",
                                              "implementation", "interpret", "kv_layout"))
 def decode_attention(
@@ -74,7 +90,9 @@ def decode_attention(
     Args:
       q: [b, h, d] queries.
       k, v: [b, s, k, d] cached keys and values ([b, k, s, d] when kv_layout="bksd").
-      lengths: [b] int, valid cache entries per sequence.
+      lengths: [b] int, valid cache entries per sequence, in [0, s]. Called eagerly, lengths
+        outside [0, s] raise ValueError before the jitted body runs; inside an outer `jit` they
+        are traced and not checked (a length above s then reads as the whole cache).
       scale: logit scale (default 1/sqrt(d)).
       block_sizes: tiling; default `DecodeBlockSizes.default(...)`.
       return_residuals: also return lse [b, h] (or (m, l) when not normalized).
@@ -101,43 +119,78 @@ def decode_attention(
         # Unnormalized form with m = lse, l = 1 satisfies out = o / l and lse = m + log l.
         return (out, (lse, jnp.ones_like(lse))) if return_residuals else out
 
+    cost = decode_cost(batch=b, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d,
+                       kv_itemsize=k.dtype.itemsize, q_itemsize=q.dtype.itemsize)
+    return split_k_decode(q, lengths, (k, v), tile_loader=dense_tile_loader(head_dim=d, kv_layout=kv_layout),
+                          kv_layout=kv_layout, block_sizes=block_sizes, implementation=impl, scale=scale,
+                          interpret=interpret, cost=cost, name="decode_attention",
+                          return_residuals=return_residuals, normalize_output=normalize_output)
+
+
+def split_k_decode(
+    q: jax.Array,
+    lengths: jax.Array,
+    cache: Sequence[jax.Array],
+    *,
+    tile_loader: TileLoader,
+    kv_layout: str,
+    block_sizes: DecodeBlockSizes | None,
+    implementation: str,
+    scale: float,
+    interpret: bool | None,
+    cost: Cost,
+    name: str,
+    return_residuals: bool,
+    normalize_output: bool = True,
+):
+    """The split-K decode shell shared by dense and quantized decode (grid, specs, split merge).
+
+    Args:
+      q: [b, h, d] queries.
+      lengths: [b] int32 valid entries per sequence.
+      cache: the arrays the kernel reads the cache from, each [b, s, k, x] ([b, k, s, x] for
+        kv_layout="bksd"), split along s and read whole along k and x (dense: k and v with x = d;
+        quantized: codes, scales (and zero points) of K then V). Passed to `tile_loader` in order.
+      tile_loader: how the kernel turns a tile of those refs into K and V (`kernel.TileLoader`).
+      block_sizes: tiling (default `DecodeBlockSizes.default(...)`); implementation: a resolved
+        Pallas implementation ("pallas_tpu" or "pallas_triton").
+      cost: the op's cost model, for `pl.CostEstimate`; name: the kernel's name.
+      return_residuals, normalize_output: as `decode_attention`.
+
+    Returns:
+      As `decode_attention` for the Pallas implementations.
+    """
+    b, h, d = q.shape
+    token_axis = attn_ref.kv_token_axis(kv_layout)
+    s, kh = cache[0].shape[token_axis], cache[0].shape[3 - token_axis]
+    impl = implementation
     bs = block_sizes or DecodeBlockSizes.default(seq_len=s, batch=b, implementation=impl)
     bs.validate(impl)
     g = h // kh
-    # Triton's dot needs >= 16 rows; TPU prefers sublane multiples of 8.
-    gp = max(16, _backend.next_power_of_two(g)) if impl == "pallas_triton" else -(-g // 8) * 8
-    qg = q.reshape(b, kh, g, d)
-    if gp != g:
-        qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
+    gp = _backend.padded_rows(g, impl)  # Triton's dot needs >= 16 rows; TPU prefers sublane multiples of 8
+    qg = _backend.pad_axis(q.reshape(b, kh, g, d), 2, gp)
     chunk = bs.block_k * bs.num_splits
-    sp = -(-s // chunk) * chunk
-    if sp != s:  # pad the cache to whole splits; padded keys lie past every length
-        k, v = (_backend.pad_axis(x, token_axis, sp) for x in (k, v))
+    sp = max(1, -(-s // chunk)) * chunk  # whole splits; an empty cache (s = 0) still gets one, fully masked
+    # Padded keys lie past every length.
+    cache = [_backend.pad_axis(a, token_axis, sp) for a in cache]
     split_len = sp // bs.num_splits
 
     if impl == "pallas_tpu":
         len_spec = pl.BlockSpec(memory_space=pltpu.SMEM)
     else:
         len_spec = pl.BlockSpec((b,), lambda i, j: (0,))
-    cost = decode_cost(batch=b, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d,
-                       kv_itemsize=k.dtype.itemsize, q_itemsize=q.dtype.itemsize)
-    kernel = functools.partial(decode_kernel, block_k=bs.block_k, split_len=split_len, scale=scale,
-                               kv_layout=kv_layout)
     if kv_layout == "bskd":
-        kv_spec = pl.BlockSpec((None, split_len, kh, d), lambda i, j: (i, j, 0, 0))
+        cache_specs = [pl.BlockSpec((None, split_len, kh, a.shape[-1]), lambda i, j: (i, j, 0, 0)) for a in cache]
     else:
-        kv_spec = pl.BlockSpec((None, kh, split_len, d), lambda i, j: (i, 0, j, 0))
+        cache_specs = [pl.BlockSpec((None, kh, split_len, a.shape[-1]), lambda i, j: (i, 0, j, 0)) for a in cache]
+    kernel = functools.partial(split_k_decode_kernel, tile_loader=tile_loader, block_k=bs.block_k,
+                               split_len=split_len, scale=scale)
     stat_shape = jax.ShapeDtypeStruct((b, bs.num_splits, kh, gp, 1), jnp.float32)
     with _backend.quiet_triton_deprecation():
         o, m, l = pl.pallas_call(
             kernel,
             grid=(b, bs.num_splits),
-            in_specs=[
-                len_spec,
-                pl.BlockSpec((None, kh, gp, d), lambda i, j: (i, 0, 0, 0)),
-                kv_spec,
-                kv_spec,
-            ],
+            in_specs=[len_spec, pl.BlockSpec((None, kh, gp, d), lambda i, j: (i, 0, 0, 0))] + cache_specs,
             out_specs=[
                 pl.BlockSpec((None, None, kh, gp, d), lambda i, j: (i, j, 0, 0, 0)),
                 pl.BlockSpec((None, None, kh, gp, 1), lambda i, j: (i, j, 0, 0, 0)),
@@ -148,8 +201,8 @@ def decode_attention(
             interpret=_backend.resolve_interpret(interpret),
             cost_estimate=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed),
                                           transcendentals=int(cost.transcendentals)),
-            name="decode_attention",
-        )(lengths, qg, k, v)
+            name=name,
+        )(lengths, qg, *cache)
 
     # Drop the padded query rows, then merge the splits: [splits, b, h(, d)].
     o = o[:, :, :, :g].reshape(b, bs.num_splits, h, d)

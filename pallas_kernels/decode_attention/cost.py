@@ -2,18 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-
-@dataclasses.dataclass(frozen=True)
-class Cost:
-    flops: float
-    bytes_accessed: float
-    transcendentals: float
-
-    def projected_seconds(self, *, peak_flops: float, bandwidth: float) -> float:
-        """Roofline time: max(FLOPs / peak, bytes / bandwidth)."""
-        return max(self.flops / peak_flops, self.bytes_accessed / bandwidth)
+from pallas_kernels._common import Cost
 
 
 def decode_cost(*, batch: int, kv_len: int, num_heads: int, num_kv_heads: int, head_dim: int,

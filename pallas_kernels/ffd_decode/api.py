@@ -58,7 +58,7 @@ def ffd_decode(q: jax.Array, cache: ffd_ref.FFDCache, *, delta: float = 5.0, use
     g = h // kh
     cfg = block_sizes or FFDBlockSizes.default(num_pages=p, batch=b, kv_heads=kh)
     cfg.validate(impl, page_size=bs, head_dim=d, bits=cache.bits)
-    gp = max(16, _backend.next_power_of_two(g)) if impl == "pallas_triton" else -(-g // 8) * 8
+    gp = _backend.padded_rows(g, impl)
     qg = jnp.pad(q.reshape(b, kh, g, d), ((0, 0), (0, 0), (0, gp - g), (0, 0)))
     thp = jnp.pad(th, ((0, 0), (0, 0), (0, gp - g)), constant_values=1e30)[..., None]
     splits = max(1, min(cfg.num_splits, p))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pallas_kernels.decode_attention.cost import Cost
+from pallas_kernels._common import Cost
 
 
 def ffd_cost(*, batch: int, tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, page_size: int,

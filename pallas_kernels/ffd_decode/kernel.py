@@ -34,8 +34,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels._common import MASK_VALUE  # finite running-max start: exp2(m_old - m_new) stays finite
+
 LOG2E = math.log2(math.e)
-MASK_VALUE = -1e30  # finite running-max start: exp2(m_old - m_new) stays finite
 
 
 def ffd_kernel(len_ref, q_ref, qp_ref, th_ref, scales_ref, codes_ref, res_ref, v_ref, o_ref, m_ref, l_ref, keep_ref, *,

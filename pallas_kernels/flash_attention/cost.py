@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pallas_kernels.decode_attention.cost import Cost
+from pallas_kernels._common import Cost
 
 
 def flash_cost(*, batch: int, q_len: int, kv_len: int, num_heads: int, num_kv_heads: int, head_dim: int,

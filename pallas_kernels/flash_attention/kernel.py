@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.decode_attention.kernel import MASK_VALUE, online_softmax_step
+from pallas_kernels._common import MASK_VALUE, online_softmax_step
 
 
 def flash_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, block_q: int, block_k: int, scale: float, causal: bool,

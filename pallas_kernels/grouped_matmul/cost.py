@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pallas_kernels.decode_attention.cost import Cost
+from pallas_kernels._common import Cost
 
 __all__ = ["Cost", "gmm_cost", "dense_experts_cost"]
 

@@ -12,9 +12,13 @@ computed with the reference's `(u - offset) * s` / `u * s + z`.
 
 `quantized_decode_attention` is `primitives.attention.decode_attention` over the *dequantized* cache:
 K and V are `QuantizedTensor`s of shape [b, s, k, d] quantized along d (each may have its own bits,
-group size and scheme). The kernel reads the packed codes and scales (not a float copy), dequantizes
-each `block_k`-key tile right before its matmuls, splits the cache into `num_splits` parts processed
-in parallel and merges them with `primitives.attention.combine_partials`. A sequence of length 0
+group size and scheme); the cache is token-major only (no `kv_layout`: the head-major "bksd" order of
+the dense kernel is not supported here). It runs the dense split-K decode shell
+(`decode_attention.api.split_k_decode`: same grid, specs, tiling `DecodeBlockSizes` and split merge)
+with a dequantizing tile loader (`kernel.quant_tile_loader`): the kernel reads the packed codes and
+scales (not a float copy), dequantizes each `block_k`-key tile right before its matmuls, splits the
+cache into `num_splits` parts processed in parallel and merges them with
+`primitives.attention.combine_partials`. A sequence of length 0
 gives zeros (lse -inf). `return_residuals=True` also returns the float32 logsumexp [b, h].
 """
 
@@ -26,12 +30,12 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels import _backend
+from pallas_kernels.decode_attention.api import split_k_decode
 from pallas_kernels.kv_quant.config import QuantDecodeBlockSizes, QuantizeBlockSizes
 from pallas_kernels.kv_quant.cost import dequantize_cost, quant_decode_cost, quantize_cost
-from pallas_kernels.kv_quant.kernel import dequantize_kernel, quant_decode_kernel, quantize_kernel, triton_div_rn
+from pallas_kernels.kv_quant.kernel import dequantize_kernel, quant_tile_loader, quantize_kernel, triton_div_rn
 from primitives import attention as attn_ref
 from primitives import quantization as qref
 
@@ -235,7 +239,8 @@ def quantized_decode_attention(
       k, v: QuantizedTensor [b, s, k, d] quantized along d (e.g. `quantize(keys, bits=4, group_size=64)`).
       lengths: [b] int, valid cache entries per sequence.
       scale: logit scale (default 1/sqrt(d)).
-      block_sizes: tiling; default `QuantDecodeBlockSizes.default(...)`.
+      block_sizes: tiling (`QuantDecodeBlockSizes` is the dense `DecodeBlockSizes`); default
+        `DecodeBlockSizes.default(...)`.
       return_residuals: also return lse [b, h] float32.
       implementation: None | "xla" (dequantize, then the reference) | "pallas" | "pallas_tpu" | "pallas_triton".
       interpret: run the Pallas kernel in the interpreter (None = iff on CPU).
@@ -269,60 +274,13 @@ def quantized_decode_attention(
             raise ValueError(f"Triton's dot needs >= 16 channels per sub-slice: {name} group_size / (8 / bits) = "
                              f"{qt.group_size // (8 // qt.bits)} < 16")
     lengths = jnp.clip(lengths, 0, s)  # entries past the capacity do not exist (the reference ignores them too)
-    bs = block_sizes or QuantDecodeBlockSizes.default(seq_len=s, batch=b, implementation=impl)
-    bs.validate(impl)
-    g = h // kh
-    gp = max(16, _backend.next_power_of_two(g)) if impl == "pallas_triton" else -(-g // 8) * 8
-    qg = q.reshape(b, kh, g, d)
-    if gp != g:
-        qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
-    chunk = bs.block_k * bs.num_splits
-    sp = max(1, -(-s // chunk)) * chunk  # an empty cache (s = 0) still gets one chunk, fully masked
-    pad = lambda a: a if sp == s else jnp.pad(a, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
-    split_len = sp // bs.num_splits
-
-    cache_arrays, cache_specs = [], []
-    for qt in (k, v):
-        for a in (qt.codes, qt.scale) + ((qt.zero,) if qt.scheme == "asymmetric" else ()):
-            cache_arrays.append(pad(a))
-            cache_specs.append(pl.BlockSpec((None, split_len, kh, a.shape[-1]), lambda i, j: (i, j, 0, 0)))
-    if impl == "pallas_tpu":
-        len_spec = pl.BlockSpec(memory_space=pltpu.SMEM)
-    else:
-        len_spec = pl.BlockSpec((b,), lambda i, j: (0,))
+    cache = [a for qt in (k, v) for a in (qt.codes, qt.scale) + ((qt.zero,) if qt.scheme == "asymmetric" else ())]
     cost = quant_decode_cost(batch=b, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d, k_bits=k.bits,
                              v_bits=v.bits, k_group=k.group_size, v_group=v.group_size,
                              k_scale_itemsize=k.scale.dtype.itemsize,
                              v_scale_itemsize=v.scale.dtype.itemsize, k_asymmetric=k.scheme == "asymmetric",
                              v_asymmetric=v.scheme == "asymmetric", q_itemsize=q.dtype.itemsize)
-    kernel = functools.partial(quant_decode_kernel, k_meta=(k.bits, k.group_size, k.scheme),
-                               v_meta=(v.bits, v.group_size, v.scheme), block_k=bs.block_k, split_len=split_len,
-                               scale=scale)
-    stat_shape = jax.ShapeDtypeStruct((b, bs.num_splits, kh, gp, 1), jnp.float32)
-    with _backend.quiet_triton_deprecation():
-        o, m, l = pl.pallas_call(
-            kernel,
-            grid=(b, bs.num_splits),
-            in_specs=[len_spec, pl.BlockSpec((None, kh, gp, d), lambda i, j: (i, 0, 0, 0))] + cache_specs,
-            out_specs=[
-                pl.BlockSpec((None, None, kh, gp, d), lambda i, j: (i, j, 0, 0, 0)),
-                pl.BlockSpec((None, None, kh, gp, 1), lambda i, j: (i, j, 0, 0, 0)),
-                pl.BlockSpec((None, None, kh, gp, 1), lambda i, j: (i, j, 0, 0, 0)),
-            ],
-            out_shape=[jax.ShapeDtypeStruct((b, bs.num_splits, kh, gp, d), jnp.float32), stat_shape, stat_shape],
-            compiler_params=_backend.compiler_params(impl, dimension_semantics=("parallel", "parallel")),
-            interpret=_backend.resolve_interpret(interpret),
-            cost_estimate=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed),
-                                          transcendentals=int(cost.transcendentals)),
-            name="quantized_decode_attention",
-        )(lengths, qg, *cache_arrays)
-
-    o = o[:, :, :, :g].reshape(b, bs.num_splits, h, d)
-    m = m[:, :, :, :g, 0].reshape(b, bs.num_splits, h)
-    l = l[:, :, :, :g, 0].reshape(b, bs.num_splits, h)
-    safe_l = jnp.where(l > 0, l, 1.0)
-    part = o / safe_l[..., None]
-    part_lse = jnp.where(l > 0, m + jnp.log(safe_l), -jnp.inf)
-    merged = attn_ref.combine_partials(jnp.moveaxis(part, 1, 0), jnp.moveaxis(part_lse, 1, 0))
-    out = merged.out.astype(q.dtype)
-    return (out, merged.lse) if return_residuals else out
+    loader = quant_tile_loader(k_meta=(k.bits, k.group_size, k.scheme), v_meta=(v.bits, v.group_size, v.scheme))
+    return split_k_decode(q, lengths, cache, tile_loader=loader, kv_layout="bskd", block_sizes=block_sizes,
+                          implementation=impl, scale=scale, interpret=interpret, cost=cost,
+                          name="quantized_decode_attention", return_residuals=return_residuals)

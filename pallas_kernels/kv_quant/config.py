@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from pallas_kernels._backend import is_power_of_two
+from pallas_kernels.decode_attention.config import DecodeBlockSizes
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -35,34 +36,7 @@ class QuantizeBlockSizes:
         return cls(block_rows=max(32, min(256, 1 << max(rows - 1, 1).bit_length())))
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class QuantDecodeBlockSizes:
-    """Tiling of the quantized split-K decode kernel.
-
-    Attributes:
-      block_k: keys per inner-loop tile; each tile is dequantized in registers/VMEM right before
-        its two matmuls (power of two >= 16 on Triton, multiple of 8 on TPU).
-      num_splits: KV splits processed by separate grid programs, merged by the log-sum-exp combine.
-    """
-
-    block_k: int = 128
-    num_splits: int = 4
-
-    def __post_init__(self):
-        if self.block_k < 1 or self.num_splits < 1:
-            raise ValueError(f"block_k and num_splits must be >= 1; got {self}")
-
-    def validate(self, implementation: str) -> None:
-        if implementation == "pallas_triton" and (not is_power_of_two(self.block_k) or self.block_k < 16):
-            raise ValueError(f"Triton needs block_k a power of two >= 16; got block_k={self.block_k}")
-        if implementation == "pallas_tpu" and self.block_k % 8:
-            raise ValueError(f"TPU needs block_k a multiple of 8; got block_k={self.block_k}")
-
-    @classmethod
-    def default(cls, *, seq_len: int, batch: int, implementation: str) -> "QuantDecodeBlockSizes":
-        """Same policy as the dense decode kernel: ~128 programs in flight, capped by the tiles."""
-        block_k = 128 if seq_len >= 128 or implementation != "pallas_triton" else 16
-        block_k = min(block_k, max(16, 1 << max(seq_len - 1, 1).bit_length()))
-        tiles = max(1, -(-seq_len // block_k))
-        want = max(1, 128 // max(batch, 1))
-        return cls(block_k=block_k, num_splits=max(1, min(want, tiles, 64)))
+# Quantized decode runs the dense split-K decode shell, so it takes the dense shell's tiling: block_k keys
+# per inner-loop tile (each dequantized right before its two matmuls), num_splits KV splits merged by the
+# log-sum-exp combine, and the same defaults and backend rules.
+QuantDecodeBlockSizes = DecodeBlockSizes

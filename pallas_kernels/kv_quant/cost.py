@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pallas_kernels.decode_attention.cost import Cost
+from pallas_kernels._common import Cost
 
 
 def quantized_bytes(*, elements: int, bits: int, group_size: int, scale_itemsize: int, asymmetric: bool) -> float:

@@ -14,23 +14,24 @@ a portable round-half-to-even, OR the planes together and store one byte slice.
 `dequantize_kernel` (grid over row blocks): unpack each plane of each group with one shift and one
 mask, apply `(u - offset) * s` (or `u * s + z`) exactly as the reference, store the sub-slice.
 
-`quant_decode_kernel` (grid (batch, num_splits), like the dense split-K decode kernel): per KV head,
-loop over `block_k`-key tiles of the split; in each tile unpack and dequantize K sub-slices
-(`(u - offset) * s` or `u * s + z`, s read as a [bk, 1] column), accumulate the logits as a sum of
-sub-slice matmuls, take the online-softmax step, dequantize V sub-slices and update one float32
-accumulator per V sub-slice. Outputs are the unnormalized partial output and per-row (m, l), merged
-in the wrapper with the shared log-sum-exp combine.
+Quantized decode has no kernel body of its own: it is the dense split-K decode kernel
+(`decode_attention.kernel.split_k_decode_kernel`) with `quant_tile_loader`, which reads one
+`block_k`-key tile of one KV head as packed codes and scales, unpacks and dequantizes it
+(`(u - offset) * s` or `u * s + z`, s read as a [bk, 1] column) into G/n-channel sub-slices; the
+shell sums the logits over K sub-slices, takes the shared online-softmax step and keeps one float32
+accumulator per V sub-slice.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels.decode_attention.kernel import TileLoader
 from primitives import quantization as qref
-
-MASK_VALUE = -1e30  # finite running-max start: exp(m_old - m_new) stays finite while all keys are masked
 
 
 def round_half_even(y: jax.Array) -> jax.Array:
@@ -130,7 +131,11 @@ def dequantize_kernel(c_ref, s_ref, *refs, bits: int, group_size: int, scheme: s
 
 
 def dequant_subslices(c_ref, s_ref, z_ref, rows, h: int, *, bits: int, group_size: int, scheme: str):
-    """Dequantized float32 sub-slices [(channel offset, [bk, G/n])] of one tile of one KV head."""
+    """Dequantized float32 sub-slices [bk, G/n] of one tile of one KV head, in channel order.
+
+    c_ref [split, k, d/n] uint8 codes, s_ref (z_ref) [split, k, d/G] scales (zero points); `rows` a
+    `pl.ds` of the tile's keys. Sub-slice `gg n + i` holds channels `gg G + i G/n + [0, G/n)`.
+    """
     n = 8 // bits
     sub = group_size // n
     ng = c_ref.shape[-1] // sub
@@ -140,73 +145,29 @@ def dequant_subslices(c_ref, s_ref, z_ref, rows, h: int, *, bits: int, group_siz
         s = s_ref[rows, h, pl.ds(gg, 1)]
         z = None if z_ref is None else z_ref[rows, h, pl.ds(gg, 1)]
         for i in range(n):
-            u = unpack_plane(byte, i, bits)
-            out.append((gg * group_size + i * sub, qref.decode(u, s, z, bits=bits, scheme=scheme)))
-    return out
+            out.append(qref.decode(unpack_plane(byte, i, bits), s, z, bits=bits, scheme=scheme))
+    return tuple(out)
 
 
-def quant_decode_kernel(len_ref, q_ref, *refs, k_meta: tuple, v_meta: tuple, block_k: int, split_len: int,
-                        scale: float):
-    """Split-K decode over quantized K/V.
-
-    refs: kc, ks, [kz], vc, vs, [vz], o, m, l, with kc/vc [split, k, d/n] uint8, ks/vs [split, k, d/G],
-    o [k, gp, d] float32, m/l [k, gp, 1]. `k_meta` / `v_meta` = (bits, group_size, scheme).
-    """
-    refs = list(refs)
+def _load_quantized(cache_refs, h, rows, *, k_meta: tuple, v_meta: tuple):
+    refs = list(cache_refs)
     kc_ref, ks_ref = refs.pop(0), refs.pop(0)
     kz_ref = refs.pop(0) if k_meta[2] == "asymmetric" else None
     vc_ref, vs_ref = refs.pop(0), refs.pop(0)
     vz_ref = refs.pop(0) if v_meta[2] == "asymmetric" else None
-    o_ref, m_ref, l_ref = refs
     k_bits, k_group, k_scheme = k_meta
     v_bits, v_group, v_scheme = v_meta
+    k_parts = dequant_subslices(kc_ref, ks_ref, kz_ref, rows, h, bits=k_bits, group_size=k_group, scheme=k_scheme)
+    v_parts = dequant_subslices(vc_ref, vs_ref, vz_ref, rows, h, bits=v_bits, group_size=v_group, scheme=v_scheme)
+    return k_parts, v_parts
 
-    i = pl.program_id(0)
-    j = pl.program_id(1)
-    length = len_ref[i]
-    start = j * split_len
-    num_tiles = split_len // block_k
-    remaining = jnp.maximum(length - start, 0)
-    # lax.div (truncating) on a non-negative value: floor division lowers through sign() on TPU.
-    live_tiles = jnp.minimum(jax.lax.div(remaining + block_k - 1, block_k), num_tiles)
-    num_kv_heads, gp, d = q_ref.shape
-    k_sub = k_group // (8 // k_bits)
-    v_sub = v_group // (8 // v_bits)
-    v_offsets = list(range(0, d, v_sub))
 
-    for h in range(num_kv_heads):  # static: each KV head with its query-head group
-        q_subs = [q_ref[h, :, pl.ds(c, k_sub)].astype(jnp.float32) * scale for c in range(0, d, k_sub)]
+def quant_tile_loader(*, k_meta: tuple, v_meta: tuple) -> TileLoader:
+    """The dequantizing tile loader of the split-K decode shell (token-major cache only).
 
-        def body(t, carry, h=h, q_subs=q_subs):
-            m, l, accs = carry
-            offset = pl.multiple_of(t * block_k, block_k)
-            rows = pl.ds(offset, block_k)
-            k_parts = dequant_subslices(kc_ref, ks_ref, kz_ref, rows, h, bits=k_bits, group_size=k_group,
-                                        scheme=k_scheme)
-            s = None
-            for c, kh in k_parts:
-                part = jnp.dot(q_subs[c // k_sub], kh.T, preferred_element_type=jnp.float32)
-                s = part if s is None else s + part
-            key_pos = start + offset + jax.lax.broadcasted_iota(jnp.int32, (gp, block_k), 1)
-            s = jnp.where(key_pos < length, s, -jnp.inf)
-            m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
-            p = jnp.exp(s - m_new)
-            alpha = jnp.exp(m - m_new)
-            l_new = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
-            row_pos = start + offset + jax.lax.broadcasted_iota(jnp.int32, (block_k, v_sub), 0)
-            v_parts = dequant_subslices(vc_ref, vs_ref, vz_ref, rows, h, bits=v_bits, group_size=v_group,
-                                        scheme=v_scheme)
-            new_accs = list(accs)
-            for c, vh in v_parts:
-                vh = jnp.where(row_pos < length, vh, 0.0)  # never a multiply: padding may be NaN
-                idx = c // v_sub
-                new_accs[idx] = alpha * accs[idx] + jnp.dot(p, vh, preferred_element_type=jnp.float32)
-            return m_new, l_new, tuple(new_accs)
-
-        init = (jnp.full((gp, 1), MASK_VALUE, jnp.float32), jnp.zeros((gp, 1), jnp.float32),
-                tuple(jnp.zeros((gp, v_sub), jnp.float32) for _ in v_offsets))
-        m, l, accs = jax.lax.fori_loop(0, live_tiles, body, init)
-        for c, acc in zip(v_offsets, accs):
-            o_ref[h, :, pl.ds(c, v_sub)] = acc
-        m_ref[h] = m
-        l_ref[h] = l
+    Cache refs, in order: K codes, K scales, [K zero points], V codes, V scales, [V zero points], each
+    [split, k, x]. `k_meta` / `v_meta` = (bits, group_size, scheme). K and V come as sub-slices of
+    G/n channels (`dequant_subslices`).
+    """
+    return TileLoader(load=functools.partial(_load_quantized, k_meta=k_meta, v_meta=v_meta),
+                      k_width=k_meta[1] // (8 // k_meta[0]), v_width=v_meta[1] // (8 // v_meta[0]))

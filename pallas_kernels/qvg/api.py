@@ -168,7 +168,7 @@ def qvg_attention(q: jax.Array, k: rq.QVGTensor, v: rq.QVGTensor, lengths: jax.A
     bs.validate(impl)
     g = h // kh
     rows = g * t
-    rp = max(16, _backend.next_power_of_two(rows)) if impl == "pallas_triton" else -(-rows // 8) * 8
+    rp = _backend.padded_rows(rows, impl)
     # Rows of one KV head: its g query heads times the t query tokens.
     qg = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, rows, d)
     qg = _backend.pad_axis(qg, 2, rp)

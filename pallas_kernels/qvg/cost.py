@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pallas_kernels.decode_attention.cost import Cost
+from pallas_kernels._common import Cost
 
 
 def assign_cost(*, groups: int, points: int, centroids: int, dim: int, itemsize: int = 4) -> Cost:

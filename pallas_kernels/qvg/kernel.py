@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.kv_quant.kernel import MASK_VALUE, unpack_plane
+from pallas_kernels._common import MASK_VALUE
+from pallas_kernels.kv_quant.kernel import unpack_plane
 from primitives import quantization as qref
 
 

@@ -6,7 +6,7 @@ capacity, `d` head dim, `R` kept score rows, `K` index-list length, `W` = max_re
 
 from __future__ import annotations
 
-from pallas_kernels.decode_attention.cost import Cost
+from pallas_kernels._common import Cost
 
 __all__ = ["verify_cost", "sparse_decode_cost"]
 

@@ -5,7 +5,7 @@ Both kernels are split-K flash decoding over a [keys, kh * d] key/value layout (
 Program (i, hh, j) holds the query rows of `hp` KV heads (hp = 1, except on TPU when d is not a
 multiple of 128, where the lane rule forces the block to span all kh * d columns), and the j-th
 contiguous split of `split_len` keys. Per KV head it walks the split in `block_k`-key tiles with the
-shared online-softmax step (`decode_attention.kernel.online_softmax_step`, float32 statistics) and
+shared online-softmax step (`_common.online_softmax_step`, float32 statistics) and
 writes the *unnormalized* partial output with the running max m and normalizer l per row; the
 wrapper merges the splits by log-sum-exp. No scratch and no cross-program accumulation, so the same
 body runs on Triton (no scratch) and TPU (all grid axes "parallel").
@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.decode_attention.kernel import MASK_VALUE, online_softmax_step
+from pallas_kernels._common import MASK_VALUE, online_softmax_step
 
 __all__ = ["verify_kernel", "sparse_decode_kernel"]
 

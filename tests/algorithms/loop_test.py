@@ -47,6 +47,12 @@ def test_fingerprint_mismatch_raises_and_a_fresh_directory_starts_fresh(tmp_path
     fresh = run_loop(step_fn, init(), num_steps=4, progress=False, checkpointer=Checkpointer(tmp_path / "b"),
                      fingerprint="run-b")
     assert fresh.resumed_from is None and int(fresh.state["n"]) == 4
+    # Other settings often mean other shapes: the fingerprint is compared before the state is restored,
+    # so the error names the cause and the way out, not an orbax shape mismatch.
+    wide = {"w": jnp.zeros(5, jnp.float32), "n": jnp.zeros((), jnp.int32)}
+    with pytest.raises(ValueError, match=r"different settings.*--workdir"):
+        run_loop(lambda st, i: (st, {}), wide, num_steps=4, progress=False,
+                 checkpointer=Checkpointer(tmp_path / "a"), fingerprint="run-wide")
 
 
 class _Recorder:

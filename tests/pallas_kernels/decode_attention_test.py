@@ -75,17 +75,6 @@ def test_xla_path_is_the_reference_and_is_the_cpu_default():
     np.testing.assert_array_equal(decode_attention(q, k, v, lengths), ref.decode_attention(q, k, v, lengths))
 
 
-@pytest.mark.parametrize("platform, impl, marker", [("tpu", "pallas_tpu", "tpu_custom_call"),
-                                                     ("cuda", "pallas_triton", "triton")])
-def test_cross_lowering(platform, impl, marker):
-    sd = jax.ShapeDtypeStruct
-    f = lambda q, k, v, n: decode_attention(q, k, v, n, implementation=impl, interpret=False,
-                                            block_sizes=DecodeBlockSizes(block_k=128, num_splits=4))
-    text = _backend.lower_for(f, sd((2, 8, 128), jnp.bfloat16), sd((2, 1024, 2, 128), jnp.bfloat16),
-                              sd((2, 1024, 2, 128), jnp.bfloat16), sd((2,), jnp.int32), platform=platform)
-    assert marker in text.lower()
-
-
 def test_bad_inputs_and_configs():
     q, k, v = _inputs(2, 4, 2, 16, 20)
     with pytest.raises(ValueError, match="lengths must have shape"):

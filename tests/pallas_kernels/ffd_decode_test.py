@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import _backend
 from pallas_kernels.ffd_decode import FFDBlockSizes, ffd_cost, ffd_decode
 from primitives import ffd as ref
 
@@ -67,19 +66,6 @@ def test_xla_path_is_the_reference_and_the_cpu_default():
     q, _, _, cache = _problem(2, 1, 2, 16, 64, [64, 20], 16, seed=3)
     got = ffd_decode(q, cache, delta=5.0)
     np.testing.assert_allclose(got.out, ref.ffd_decode(q, cache, delta=5.0).out, atol=1e-6)  # jit vs eager
-
-
-@pytest.mark.parametrize("platform, impl, marker", [("tpu", "pallas_tpu", "tpu_custom_call"),
-                                                     ("cuda", "pallas_triton", "triton")])
-def test_cross_lowering(platform, impl, marker):
-    b, kh, g, d, s, bs = 2, 2, 4, 128, 2048, 128
-    cache = jax.eval_shape(lambda k, v, n: ref.build_cache(k, v, n, page_size=bs, residual_dtype=jnp.bfloat16),
-                           jax.ShapeDtypeStruct((b, s, kh, d), jnp.bfloat16),
-                           jax.ShapeDtypeStruct((b, s, kh, d), jnp.bfloat16), jax.ShapeDtypeStruct((b,), jnp.int32))
-    f = lambda q, c: ffd_decode(q, c, delta=5.0, implementation=impl, interpret=False,
-                                block_sizes=FFDBlockSizes(num_splits=4)).out
-    text = _backend.lower_for(f, jax.ShapeDtypeStruct((b, kh * g, d), jnp.bfloat16), cache, platform=platform)
-    assert marker in text.lower()
 
 
 def test_bad_configs_raise():

@@ -5,7 +5,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import _backend
 from pallas_kernels.flash_attention import FlashBlockSizes, flash_attention, flash_cost
 from primitives import attention as ref
 
@@ -57,17 +56,6 @@ def test_gradients_match_reference():
     want = jax.grad(loss(lambda q, k, v: _ref(q, k, v, True).out), argnums=(0, 1, 2))(q, k, v)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, atol=2e-5)
-
-
-@pytest.mark.parametrize("platform, impl, marker", [("tpu", "pallas_tpu", "tpu_custom_call"),
-                                                     ("cuda", "pallas_triton", "triton")])
-def test_cross_lowering(platform, impl, marker):
-    sd = jax.ShapeDtypeStruct
-    f = lambda q, k, v: flash_attention(q, k, v, causal=True, implementation=impl, interpret=False,
-                                        block_sizes=FlashBlockSizes(block_q=128, block_k=128))
-    text = _backend.lower_for(f, sd((1, 512, 8, 128), jnp.bfloat16), sd((1, 512, 2, 128), jnp.bfloat16),
-                              sd((1, 512, 2, 128), jnp.bfloat16), platform=platform)
-    assert marker in text.lower()
 
 
 def test_errors_and_cost():

@@ -121,25 +121,6 @@ def test_xla_is_the_cpu_default_and_equals_the_reference():
     np.testing.assert_array_equal(grouped_matmul(x, w, gs), gmm_reference(x, w, gs))
 
 
-@pytest.mark.parametrize("platform, impl, marker, bs", [
-    ("tpu", "pallas_tpu", "tpu_custom_call", GmmBlockSizes(block_m=128, block_k=128, block_n=128)),
-    ("cuda", "pallas_triton", "triton", GmmBlockSizes(block_m=64, block_k=32, block_n=64)),
-])
-def test_cross_lowering_forward_and_backward(platform, impl, marker, bs):
-    sd = jax.ShapeDtypeStruct
-
-    def f(x, w, g):  # forward + both backward kernels (d_lhs gmm on rhs^T, d_rhs tgmm)
-        return jax.value_and_grad(lambda a, b: grouped_matmul(a, b, g, implementation=impl, interpret=False,
-                                                              block_sizes=bs).astype(jnp.float32).sum(), (0, 1))(x, w)
-
-    text = _backend.lower_for(f, sd((300, 256), jnp.bfloat16), sd((8, 256, 384), jnp.bfloat16), sd((8,), jnp.int32),
-                              platform=platform)
-    text = text.lower()
-    assert marker in text and "grouped_matmul" in text and "tgmm" in text
-    if platform == "tpu":
-        assert text.count("tpu_custom_call") == 3  # forward, d_lhs, d_rhs
-
-
 def test_bad_inputs_and_configs():
     x, w = _inputs(10, 8, 6, 3)
     with pytest.raises(ValueError, match="lhs must be"):

@@ -146,27 +146,6 @@ def test_empty_inputs_give_no_nan():
     assert np.all(np.isneginf(np.asarray(lse)))
 
 
-@pytest.mark.parametrize("platform, impl, marker", [("tpu", "pallas_tpu", "tpu_custom_call"),
-                                                     ("cuda", "pallas_triton", "triton")])
-def test_cross_lowering(platform, impl, marker):
-    sd = jax.ShapeDtypeStruct
-    x = sd((2, 1024, 8, 128), jnp.bfloat16)
-    text = _backend.lower_for(lambda a: quantize(a, bits=4, group_size=64, implementation=impl, interpret=False),
-                              x, platform=platform)
-    assert marker in text.lower()
-    if platform == "cuda":
-        assert "div.rn.f32" in text  # correctly rounded division, as the reference
-    kt = jax.eval_shape(lambda a: qz.quantize(a, bits=4, group_size=64), x)
-    vt = jax.eval_shape(lambda a: qz.quantize(a, bits=2, group_size=128, scheme="asymmetric",
-                                              scale_dtype=jnp.bfloat16), x)
-    text = _backend.lower_for(lambda t: dequantize(t, implementation=impl, interpret=False), vt, platform=platform)
-    assert marker in text.lower()
-    f = lambda q, k, v, n: quantized_decode_attention(q, k, v, n, implementation=impl, interpret=False,
-                                                      block_sizes=QuantDecodeBlockSizes(block_k=128, num_splits=4))
-    text = _backend.lower_for(f, sd((2, 32, 128), jnp.bfloat16), kt, vt, sd((2,), jnp.int32), platform=platform)
-    assert marker in text.lower()
-
-
 def test_bad_inputs_and_configs():
     x = _x((4, 64))
     keys = _x((2, 8, 1, 64))

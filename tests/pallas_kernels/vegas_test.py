@@ -190,34 +190,6 @@ def test_sparse_decode_xla_path_is_the_cpu_default_and_matches_the_kernel():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Cross-lowering (no hardware needed).
-
-_SD = jax.ShapeDtypeStruct
-
-
-def _verify_args(d, kh=2):
-    return (_SD((2, 5, 8, d), jnp.bfloat16), _SD((2, 1000, kh, d), jnp.bfloat16), _SD((2, 1000, kh, d), jnp.bfloat16),
-            _SD((2, 5), jnp.int32))
-
-
-def _sparse_args(d, kh=2):
-    return (_SD((2, 8, d), jnp.bfloat16), _SD((2, 1000, kh, d), jnp.bfloat16), _SD((2, 1000, kh, d), jnp.bfloat16),
-            _SD((2, 50), jnp.int32), _SD((2, 50), jnp.bool_), _SD((2,), jnp.int32), _SD((2,), jnp.int32))
-
-
-# d=64 on TPU takes the all-heads-per-program path (lane rule); d=128 one KV head per program.
-@pytest.mark.parametrize("platform, impl, marker, d", [("tpu", "pallas_tpu", "tpu_custom_call", 128),
-                                                        ("tpu", "pallas_tpu", "tpu_custom_call", 64),
-                                                        ("cuda", "pallas_triton", "triton", 128)])
-def test_cross_lowering(platform, impl, marker, d):
-    f = lambda q, k, v, p: verify_attention(q, k, v, p, rows=(0, 4), implementation=impl, interpret=False)
-    g = lambda q, k, v, i, ok, rs, n: sparse_decode_attention(q, k, v, i, ok, rs, n, max_recent=64, return_lse=True,
-                                                              implementation=impl, interpret=False)
-    assert marker in _backend.lower_for(f, *_verify_args(d), platform=platform).lower()
-    assert marker in _backend.lower_for(g, *_sparse_args(d), platform=platform).lower()
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Errors, configs and costs.
 
 

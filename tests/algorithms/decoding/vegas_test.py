@@ -96,6 +96,31 @@ def test_streaming_and_quest_drafters_keep_the_budget():
     assert np.all(bound >= scores - 1e-5)
 
 
+@pytest.mark.parametrize("layout", ["bskd", "bksd"])
+def test_quest_drafter_reads_either_cache_layout_and_lists_the_quest_keep_pages(layout):
+    from models.kv_cache import KVCache
+
+    rng = np.random.default_rng(7)
+    L, b, n, kh, g, d, ps = 2, 3, 40, 2, 2, 8, 4
+    keys = rng.standard_normal((L, b, n, kh, d)).astype(np.float32)  # token-major
+    valid_len = jnp.asarray([40, 23, 9], jnp.int32)
+    budget = jnp.asarray([8, 6, 5], jnp.int32)
+    stored = [jnp.asarray(k if layout == "bskd" else np.swapaxes(k, 1, 2)) for k in keys]
+    cache = KVCache(keys=stored, values=stored, lengths=valid_len, layout=layout)
+    info = vegas.VerifyInfo(None, None, (0,), None, valid_len, valid_len, budget, cache)
+    drafter = vegas.QuestDrafter(vegas.Budget(ratio=0.25, min_tokens=1), page_size=ps)
+    selection = drafter.refresh(info, scale=1.0)
+    q = jnp.asarray(rng.standard_normal((b, kh * g, d)).astype(np.float32))
+    for layer in range(L):
+        idx, ok = drafter.select(selection, layer, q, jnp.asarray(keys[layer]))
+        for r in range(b):
+            lo, hi = vegas.page_bounds(jnp.asarray(keys[layer, r]), int(valid_len[r]), ps)
+            want = vegas.quest_keep(q[r], lo, hi, int(valid_len[r]), int(budget[r]), page_size=ps, capacity=n)
+            got = np.zeros(n, bool)
+            got[np.asarray(idx[r])[np.asarray(ok[r])]] = True
+            np.testing.assert_array_equal(got, want)
+
+
 def test_greedy_acceptance_is_the_longest_matching_prefix():
     logits = jnp.asarray(np.random.default_rng(5).standard_normal((5, 10)).astype(np.float32))
     best = np.asarray(jnp.argmax(logits, -1))
