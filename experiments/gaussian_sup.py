@@ -9,7 +9,9 @@ sets, structure theorems); this experiment checks each piece numerically at smal
   0.524445, 0.524471: about four equal large variances, not uniform) by brute force and by the
   heuristic; the correlated n = 2 values (independent split 0.398942, anti-correlated 1/sqrt(pi));
 * Algorithm 1 (additive PTAS, m = 1): OPT - ALG <= eps against the brute-force optimum on random
-  mu >= 0 instances, with its runtime (number of enumerated allocations) in n and eps;
+  mu >= 0 instances, with its runtime (number of enumerated allocations) in n and eps (OPT is the
+  brute-force reference alone; it is tested against exhaustive enumeration and reaches the n = 6
+  anchor 0.524033 since its polish starts include jittered and random asymmetric points);
 * Algorithm 3 (greedy over variance levels 4^-k, m > 1, mu = 0): greedy >= (1 - 1/e) x the exhaustive
   best set at every level, and ALG / OPT_ref (heuristic + brute force) against the O(log n) guarantee;
 * Fig. 1 analogue: per-set optimum OPT/m against p = k/n for the family of all k-subsets of n = 8
@@ -47,6 +49,13 @@ NO_FLOOR = (0.0, .398942, .488603, .514688, .520094, .517335, .511075, .503319)
 WITH_FLOOR = (.398942, .481566, .512772, .522878, .523108, .518505, .511547, .503514)
 OPTIMUM = {4: 0.514688, 5: 0.522878, 6: 0.524033, 8: 0.524445, 12: 0.524471}
 CORR_N2 = {"independent": 0.398942, "anti-correlated": 0.564190}
+# Why the random-hypergraph concentration check can fail at this size (issue 33): Thm 1.6 (spec section 1 (b),
+# "w.h.p. only Theta(1/p) variables receive variance Omega(p) (p = |S_j|/n)", p fixed as n, m -> inf) is an
+# asymptotic count; the check compares participation ratios at the smallest and largest p on one instance
+# per p with n = er_n (12 in quick), where 1/p is not small against n and one set already spreads over ~4.
+_HYPER_CAUSE = ("Cause (concentration, random hypergraphs): scale limit - Thm 1.6 bounds the number of variables "
+                "with variance Omega(p) by Theta(1/p) as n, m grow with p fixed; one instance per p at n = {n} "
+                "cannot show that trend (it needs n >= 64, m about n^2, several instances).")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -158,7 +167,10 @@ def _ptas(c: Config, key) -> dict:
             ref = vs.brute_force_optimum(mu, max_points=c.brute_points, num_polish=c.brute_polish)
             h = _heuristic(c, jax.random.fold_in(key, 1000 * n + inst), mu) if c.heuristic else ref
             heur_gaps.append(ref.value - h.value)
-            opt = max(ref.value, h.value)
+            # OPT is the brute-force reference alone: max(ref, heuristic) would hide a reference that
+            # misses the optimum (as the symmetric-only polish starts did at n = 6); a heuristic above
+            # the reference shows up as a negative shortfall (`heuristic_max_excess_over_brute`).
+            opt = ref.value
             for eps in c.ptas_eps:
                 t0 = time.perf_counter()
                 res = vs.ptas_single_set(mu, eps)
@@ -177,6 +189,7 @@ def _ptas(c: Config, key) -> dict:
             for n in c.ptas_sizes for e in c.ptas_eps}
     return {"rows": rows, "within_eps": within, "max_gap_by_eps": by_eps, "candidates": cost,
             "heuristic_max_shortfall_vs_brute": float(max(heur_gaps)),
+            "heuristic_max_excess_over_brute": float(max(0.0, -min(heur_gaps))),
             "num_instances": len(c.ptas_sizes) * c.ptas_instances}
 
 
@@ -301,6 +314,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
             ("anchors", anchors["ok"]), ("PTAS within eps", ptas["within_eps"]), ("greedy bounds", greedy["ok"]),
             ("concavity in p (independent)", concave_indep), ("concentration (k-subsets)", concentrates),
             ("concentration (random hypergraphs)", hyper_conc)) if not ok) + " failed.")
+        + ("" if hyper_conc else " " + _HYPER_CAUSE.format(n=c.er_n))
     )
     metrics = {
         "table_max_abs_error": anchors["table_max_abs_error"],
@@ -308,11 +322,13 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         "optimum_max_abs_error": anchors["optimum_max_abs_error"],
         "ptas_within_eps": ptas["within_eps"],
         "heuristic_max_shortfall_vs_brute": ptas["heuristic_max_shortfall_vs_brute"],
+        "heuristic_max_excess_over_brute": ptas["heuristic_max_excess_over_brute"],
         "greedy_min_level_ratio": greedy["min_level_ratio"],
         "greedy_min_alg_over_opt": greedy["min_alg_over_opt"],
         "concave_independent": concave_indep,
         "concentrates_k_subsets": concentrates,
         "concentrates_random_hypergraphs": hyper_conc,
+        "cause": None if hyper_conc else _HYPER_CAUSE.format(n=c.er_n),
         "anchors": anchors,
         "ptas": ptas,
         "greedy": greedy,

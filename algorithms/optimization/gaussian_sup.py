@@ -26,7 +26,8 @@ Implemented here:
     exact gradients of the quadrature, block correlation supported). Validated against
     `brute_force_optimum` in the tests and the experiment.
   * `brute_force_optimum` - the reference for tiny n: every point of a dense grid on the variance
-    simplex (all supports included), the best ones polished by SLSQP (float64, analytic gradient).
+    simplex (all supports included); the best ones (symmetric copies removed), jittered copies of them
+    and seeded random Dirichlet points polished by SLSQP (float64, analytic gradient).
 
 Everything that reports a value evaluates F exactly in float64 (`expected_sum_of_max_f64`).
 The guarantees of Algorithms 1 and 3 are stated for mu >= 0 (Algorithm 3's analysis for mu = 0);
@@ -654,17 +655,66 @@ def _polish(mu, sets, sigma0: np.ndarray) -> tuple[np.ndarray, float]:
     return s, float(gs.expected_sum_of_max_f64(mu, s, sets))
 
 
-def brute_force_optimum(mu, sets=None, *, max_points: int = 20_000, num_polish: int = 6) -> BruteForceResult:
+def _interchangeable_classes(mu: np.ndarray, sets: np.ndarray) -> np.ndarray:
+    """Class label [n] of coordinates that the instance cannot tell apart.
+
+    i ~ j when mu_i == mu_j and swapping columns i and j maps the family of sets onto itself (as a
+    multiset of rows). Swaps that are automorphisms compose ((i k) = (i j)(j k)(i j)), so ~ is an
+    equivalence and every permutation inside a class is a symmetry of F: sorting the variances inside
+    every class gives a canonical representative of a start's symmetry orbit.
+    """
+    n = mu.shape[0]
+    rows = sorted(map(tuple, sets.astype(np.int8).tolist()))
+    label = -np.ones(n, dtype=np.int64)
+    for i in range(n):
+        if label[i] >= 0:
+            continue
+        label[i] = i
+        for j in range(i + 1, n):
+            if label[j] >= 0 or mu[j] != mu[i]:
+                continue
+            swapped = sets.copy()
+            swapped[:, [i, j]] = swapped[:, [j, i]]
+            if sorted(map(tuple, swapped.astype(np.int8).tolist())) == rows:
+                label[j] = i
+    return label
+
+
+def _canonical(counts: np.ndarray, label: np.ndarray) -> tuple[int, ...]:
+    """Representative of an integer grid point's orbit: entries sorted (descending) inside every class."""
+    out = counts.copy()
+    for c in np.unique(label):
+        idx = np.flatnonzero(label == c)
+        out[idx] = np.sort(counts[idx])[::-1]
+    return tuple(int(v) for v in out)
+
+
+def brute_force_optimum(mu, sets=None, *, max_points: int = 20_000, num_polish: int = 6, num_random: int = 12,
+                        jitter: float = 0.1, seed: int = 0) -> BruteForceResult:
     """Reference optimum for tiny n: the variance-simplex grid (every support) plus SLSQP polishing.
 
-    The resolution is the largest with at most `max_points` grid points; the `num_polish` best grid
-    points and the best grid point of every support size are polished on their supports.
+    The resolution is the largest with at most `max_points` grid points. Polish starts (each run by
+    SLSQP on its own support):
+
+      * the `num_polish` best grid points and the best grid point of every support size, after
+        removing symmetric copies (variances sorted inside every class of interchangeable coordinates,
+        see `_interchangeable_classes`: with zero means the six permutations of (0.2 x 5, 0) are one start);
+      * every such start moved towards a Dirichlet(1) point on its own support by `jitter`: symmetric grid
+        points can be saddles of F on the sphere that SLSQP does not leave (n = 6, zero means: every
+        permutation of (0.2 x 5, 0) polishes to 0.5231079 while the optimum is 0.5240333, four variances
+        0.2471 and one 0.0115);
+      * `num_random` Dirichlet(1) points on the full variance simplex (asymmetric, full support).
+
+    All random draws come from `numpy.random.default_rng(seed)`: the result is deterministic.
 
     Args:
       mu: means [n] (n <= 8 is sensible).
       sets: bool [m, n] (default: one set).
       max_points: grid size cap.
-      num_polish: number of best grid points polished.
+      num_polish: number of distinct (up to symmetry) best grid points polished.
+      num_random: number of random full-support starts.
+      jitter: weight of the Dirichlet point in the jittered copies (0 disables them).
+      seed: seed of the random starts.
 
     Returns:
       BruteForceResult.
@@ -672,6 +722,10 @@ def brute_force_optimum(mu, sets=None, *, max_points: int = 20_000, num_polish: 
     mu = _check_mu(mu)
     n = mu.shape[0]
     sets = _check_sets(sets, n)
+    if not (isinstance(num_random, int) and num_random >= 0):
+        raise ValueError(f"num_random must be an int >= 0; got {num_random!r}")
+    if not 0.0 <= jitter < 1.0:
+        raise ValueError(f"jitter must be in [0, 1); got {jitter!r}")
     if n == 1:
         s = np.ones(1)
         v = float(gs.expected_sum_of_max_f64(mu, s, sets))
@@ -679,17 +733,45 @@ def brute_force_optimum(mu, sets=None, *, max_points: int = 20_000, num_polish: 
     resolution = 1
     while math.comb(resolution + 1 + n - 1, n - 1) <= max_points:
         resolution += 1
-    grid = np.sqrt(simplex_grid(n, resolution))
+    variances = simplex_grid(n, resolution)
+    grid = np.sqrt(variances)
     vals = evaluate_batch(mu, grid, sets)
-    order = list(np.argsort(-vals)[:num_polish])
-    nnz = (grid > 0).sum(axis=1)
-    for s in range(1, n + 1):
+    counts = np.rint(variances * resolution).astype(np.int64)
+    label = _interchangeable_classes(mu, sets)
+    ranked = np.argsort(-vals, kind="stable")
+    seen: set[tuple[int, ...]] = set()
+    order: list[int] = []
+    for i in ranked:  # the best `num_polish` distinct orbits
+        if len(order) >= num_polish:
+            break
+        key = _canonical(counts[i], label)
+        if key not in seen:
+            seen.add(key)
+            order.append(int(i))
+    nnz = (counts > 0).sum(axis=1)
+    for s in range(1, n + 1):  # plus the best of every support size (if not already there)
         idx = np.flatnonzero(nnz == s)
         if idx.size:
-            order.append(int(idx[np.argmax(vals[idx])]))
+            i = int(idx[np.argmax(vals[idx])])
+            key = _canonical(counts[i], label)
+            if key not in seen:
+                seen.add(key)
+                order.append(i)
+    rng = np.random.default_rng(seed)
+    starts = [grid[i] for i in order]
+    if jitter > 0:
+        for i in order:
+            support = np.flatnonzero(counts[i] > 0)
+            if support.size < 2:
+                continue
+            v = variances[i].copy()
+            v[support] = (1.0 - jitter) * v[support] + jitter * rng.dirichlet(np.ones(support.size))
+            starts.append(np.sqrt(v))
+    for v in rng.dirichlet(np.ones(n), size=num_random):
+        starts.append(np.sqrt(v))
     best_s, best_v = grid[order[0]], float(vals[order[0]])
-    for i in dict.fromkeys(int(j) for j in order):
-        s, v = _polish(mu, sets, grid[i])
+    for start in starts:
+        s, v = _polish(mu, sets, start)
         if v > best_v:
             best_s, best_v = s, v
     return BruteForceResult(sigma=best_s, value=best_v, resolution=resolution, grid_value=float(vals.max()))
