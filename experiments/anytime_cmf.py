@@ -19,7 +19,9 @@ streams X ~ U[-1, 1]^d, Y = mu(X) + sigma(X) eps, sigma(x) = 0.5 + |x_1|:
    linear projection), linear, a sparse bump and an oscillation sin(4 pi x) (zero mean in every
    cell of the discretized baseline), at signal strengths I = E[mu^2 / sigma^2] in `signals`. Methods:
    GAAVI (learned weights), oracle weights mu / sigma^2, linear projection, discretized (Bonferroni
-   over cells). Rejection rate by T and over time, mean (censored) stopping time.
+   over cells). Rejection rate by T and over time, mean (censored) stopping time. "Power one" is a
+   T -> infinity statement, so GAAVI's rejection rate against t up to `power_curve_horizon` (4000,
+   1000 streams per shape, top signal) is reported too (not checked).
 3. **Sample complexity.** Oracle weights with known variance: E[tau] I / (2 log(1/alpha)) for alpha in
    `oracle_alphas` (-> 1 as alpha -> 0 is the Gaussian-location optimality), with rho tuned at the
    burn-in (default) and at the planned sample size 2 log(1/alpha) / I.
@@ -84,6 +86,11 @@ class Config:
     shapes: tuple[str, ...] = SHAPES
     signals: tuple[float, ...] = (0.02, 0.04, 0.08)  # I = E[mu^2 / sigma^2]
     bins_per_dim: int = 4  # discretized baseline (d = 1)
+    # Power against T: "power one" is a T -> infinity statement, so GAAVI's rejection rate by t is also
+    # reported up to `power_curve_horizon` (top signal, every shape, GAAVI alone) on `power_curve_streams`
+    # streams. Reported beside the check, not checked; 0 = off (the smoke preset). About 15 s on 2 CPU cores.
+    power_curve_streams: int = 1000
+    power_curve_horizon: int = 4000
     # 3. sample complexity (oracle).
     oracle_streams: int = 500
     oracle_alphas: tuple[float, ...] = (0.05, 1e-2, 1e-3)
@@ -114,6 +121,11 @@ def _validate(c: Config) -> None:
         raise ValueError(f"burn-ins must be in [1, horizon={c.horizon}]; got {bad}")
     if c.main_burn_in not in c.burn_ins:
         raise ValueError(f"main_burn_in={c.main_burn_in} must be one of burn_ins={c.burn_ins}")
+    if c.power_curve_streams < 0 or (c.power_curve_streams and (c.power_curve_horizon % c.block_size
+                                                                or c.power_curve_horizon < c.main_burn_in)):
+        raise ValueError(f"power_curve_streams must be >= 0, and when on block_size={c.block_size} must divide "
+                         f"power_curve_horizon={c.power_curve_horizon} >= main_burn_in={c.main_burn_in}; got "
+                         f"power_curve_streams={c.power_curve_streams}")
     for name, vals, allowed in (("null_noises", c.null_noises, NOISES), ("shapes", c.shapes, SHAPES)):
         extra = [v for v in vals if v not in allowed]
         if extra:
@@ -255,6 +267,21 @@ def _simulate(key, amp, shape_idx, noise_idx, *, c: Config, d: int, n: int):
     return jax.vmap(one)(_uniforms(key, n, d + NOISE_ROWS, c.horizon))
 
 
+@functools.partial(jax.jit, static_argnames=("c", "n"))
+def _gaavi_long(key, amp, shape_idx, *, c: Config, n: int):
+    """GAAVI alone (burn-in `main_burn_in`, Gaussian noise, d = 1) on streams of `power_curve_horizon`
+    samples with mu = amp * unit shape: stop times [n] (the power-against-T report)."""
+    mask = _masks(1, 2 + c.rff_features, ("full",))[0]
+
+    def one(u):
+        x = _covariates(u[:1])
+        y = amp * _unit_shape(shape_idx, x[:, 0]) + _sigma(x[:, 0]) * _gauss(u[1])
+        tr = av.weighted_residual_martingale(x, y, regressor=_masked_ridge(c, 1, mask), block_size=c.block_size)
+        return cs.sequential_mixture_test(tr.z, tr.v_realized, alpha=c.alpha, burn_in=c.main_burn_in).stop_time
+
+    return jax.vmap(one)(_uniforms(key, n, 2, c.power_curve_horizon))
+
+
 def _rate(tau, t):
     """P(tau <= t) and its standard error."""
     p = float(np.mean(tau <= t))
@@ -272,22 +299,38 @@ def _curve(tau, t):
 # ----------------------------------------------------------------------------------------------
 
 
+def _oracle_mean(info: float, x1):
+    """The oracle study's alternative mu(x) = sqrt(I) x_1 / ||x_1 / sigma|| (linear shape, E[mu^2/sigma^2] = I)."""
+    return math.sqrt(info) * _unit_shape(SHAPES.index("linear"), x1)
+
+
+def _oracle_trace(x, y, *, info: float, block_size: int) -> av.MartingaleTrace:
+    """The oracle-weight martingale with known variance: w = mu / sigma^2 exactly, V_t = sum mu^2 / sigma^2.
+
+    `weighted_residual_martingale` forms w = g / sigma_hat^2 from the regressor's prediction g (an
+    estimate of mu) and the variance regressor, so the oracle passes g = mu and sigma_hat^2 = sigma^2.
+    (Before the fix the regressor returned mu / sigma^2 and the scan divided again: w was proportional
+    to mu / sigma^4, whose efficiency E[mu^2/s^4]^2 / (E[mu^2/s^2] E[mu^2/s^6]) = 0.789 here inflated
+    every E[tau] ratio by about 1/0.789.)
+    """
+    reg = av.fixed_regressor(lambda x: _oracle_mean(info, x[:, 0]))
+    var = av.fixed_regressor(lambda x: _sigma(x[:, 0]) ** 2)
+    return av.weighted_residual_martingale(x, y, regressor=reg, variance_regressor=var, block_size=block_size,
+                                           normalize_weights=False, max_weight=1e6)
+
+
 @functools.partial(jax.jit, static_argnames=("c", "n"))
 def _oracle_stopping(key, alphas, *, c: Config, n: int):
     """Oracle weights mu / sigma^2 with the known variance (predictable V): stop times [n, a] with rho at
     the burn-in (default) and rho planned at the benchmark sample size 2 log(1/alpha) / I."""
     info = c.oracle_signal
-    lin = SHAPES.index("linear")
-    reg = av.fixed_regressor(lambda x: _unit_shape(lin, x[:, 0]) / _sigma(x[:, 0]) ** 2)
-    var = av.fixed_regressor(lambda x: _sigma(x[:, 0]) ** 2)  # known variance: w = mu / sigma^2 exactly
     n_plan = 2.0 * jnp.log(1.0 / alphas) / info
     plan_scale = cs.optimal_rho_ratio(alphas) * n_plan / c.oracle_burn_in
 
     def one(u):
         x = _covariates(u[:1])
-        y = math.sqrt(info) * _unit_shape(lin, x[:, 0]) + _sigma(x[:, 0]) * _gauss(u[1])
-        tr = av.weighted_residual_martingale(x, y, regressor=reg, variance_regressor=var, block_size=c.block_size,
-                                             normalize_weights=False, max_weight=1e6)
+        y = _oracle_mean(info, x[:, 0]) + _sigma(x[:, 0]) * _gauss(u[1])
+        tr = _oracle_trace(x, y, info=info, block_size=c.block_size)
 
         def test(al, scale):
             kw = dict(alpha=al, burn_in=c.oracle_burn_in)
@@ -487,6 +530,14 @@ def power_study(c: Config, workdir: pathlib.Path, bar) -> Study:
             bar.update(1)
     top = max(c.signals)
     se_p = lambda p: math.sqrt(max(p * (1 - p), 1e-12) / c.power_streams)
+    long_curves = {}  # power against T up to power_curve_horizon (off when power_curve_streams = 0)
+    if c.power_curve_streams:
+        for si, shape in enumerate(c.shapes):
+            fn = functools.partial(_gaavi_long, amp=jnp.float32(math.sqrt(top)),
+                                   shape_idx=jnp.int32(SHAPES.index(shape)), c=c)
+            tau = _batched(fn, jax.random.fold_in(_root(c.seed, 6), si), c.power_curve_streams, c.batch_size)
+            long_curves[shape] = _curve(tau, c.power_curve_horizon)
+            bar.update(1)
     power_one = {s: power[s][top]["gaavi"]["power"] for s in c.shapes}
     beats = {}
     for shape, base in (("quadratic", "linear"), ("oscillating", "discretized")):
@@ -505,6 +556,16 @@ def power_study(c: Config, workdir: pathlib.Path, bar) -> Study:
                        for s in c.shapes)
     context = (f"Power by T at I=E[mu^2/sigma^2]={top:g} ({c.power_streams} streams; gaavi, oracle, linear, "
                f"discretized): {p_txt}; mean stopping times {st_txt}.")
+    power_vs_t = {}
+    if long_curves:
+        tl = c.power_curve_horizon
+        ts = sorted({t for t in (tl // 8, tl // 4, tl // 2, c.horizon, tl) if 1 <= t <= tl})
+        se_l = lambda p: math.sqrt(max(p * (1 - p), 1e-12) / c.power_curve_streams)
+        power_vs_t = {s: {str(t): {"power": float(v[t - 1]), "se": se_l(float(v[t - 1]))} for t in ts}
+                      for s, v in long_curves.items()}
+        l_txt = "; ".join(f"{s}: " + "/".join(f"{v[str(t)]['power']:.3f}" for t in ts) for s, v in power_vs_t.items())
+        context += (f" GAAVI power against T (reported, not checked; I={top:g}, {c.power_curve_streams} streams, "
+                    f"P(rejected by t) at t=" + "/".join(str(t) for t in ts) + f"): {l_txt}.")
     metrics = {
         "power_at_top_signal": {s: {m: power[s][top][m]["power"] for m in methods} for s in c.shapes},
         "power": {s: {f"{i:g}": {m: {"power": r[m]["power"], "mean_stop": r[m]["mean_stop"]} for m in methods}
@@ -512,7 +573,11 @@ def power_study(c: Config, workdir: pathlib.Path, bar) -> Study:
         "gaavi_beats_blind_baselines": {k: {"gaavi": v[0], "baseline": v[1], "significant": v[2]}
                                         for k, v in beats.items()},
     }
-    return Study(checks, context, metrics, [_plot_power(power, c, workdir)])
+    plots = [_plot_power(power, c, workdir)]
+    if long_curves:
+        metrics["power_vs_T"] = power_vs_t
+        plots.append(_plot_power_vs_t(long_curves, top, c, workdir))
+    return Study(checks, context, metrics, plots)
 
 
 def oracle_study(c: Config, workdir: pathlib.Path, bar) -> Study:
@@ -618,7 +683,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     _validate(c)
     workdir = pathlib.Path(workdir)
     n_tasks = (len(_null_settings(c)) + len(c.shapes) * len(c.signals) + 1 + len(c.trial_deltas)
-               + len(CS_FUNCTIONS))
+               + len(CS_FUNCTIONS) + (len(c.shapes) if c.power_curve_streams else 0))
     bar = tqdm.tqdm(total=n_tasks, desc="anytime_cmf", disable=not c.progress)
     null = null_study(c, workdir, bar)
     power = power_study(c, workdir, bar)
@@ -690,6 +755,19 @@ def _plot_power(power, c: Config, workdir: pathlib.Path) -> str:
     return report.savefig(fig, workdir / "power.png")
 
 
+def _plot_power_vs_t(curves, info, c: Config, workdir: pathlib.Path) -> str:
+    fig, ax = plotting.subplots(figsize=(5.5, 3.8))
+    t = np.arange(1, c.power_curve_horizon + 1)
+    for s, v in curves.items():
+        ax.plot(t, v, lw=1.5, label=s)
+    ax.axhline(0.9, color="k", ls=":", lw=0.8)
+    ax.axvline(c.horizon, color="gray", ls="--", lw=0.8)
+    ax.set(xlabel="t", ylabel="P(rejected by t)", ylim=(0, 1.01),
+           title=f"GAAVI power against T, I={info:g} ({c.power_curve_streams} streams)")
+    ax.legend(fontsize=7)
+    return report.savefig(fig, workdir / "power_vs_T.png")
+
+
 def _plot_oracle(oracle, c: Config, workdir: pathlib.Path) -> str:
     fig, ax = plotting.subplots(figsize=(5.5, 3.8))
     al = list(oracle)
@@ -730,11 +808,12 @@ EXPERIMENT = registry.Experiment(
                                 null_streams_other=64,
                                 null_noises=("gaussian",), null_dims=(1,), power_streams=32, shapes=("quadratic",),
                                 signals=(0.05,), oracle_streams=32, oracle_alphas=(0.05,), oracle_horizon=300,
-                                trial_deltas=(), cs_streams=32, rff_features=16,
+                                trial_deltas=(), cs_streams=32, rff_features=16, power_curve_streams=0,
                                 batch_size=64, progress=False),
         "quick": lambda: Config(),
         "paper": lambda: Config(horizon=5000, null_streams=10_000, null_streams_other=10_000, power_streams=2000,
-                                oracle_streams=2000, rff_features=64,
+                                oracle_streams=2000, rff_features=64, power_curve_streams=2000,
+                                power_curve_horizon=10_000,
                                 oracle_alphas=(0.05, 1e-2, 1e-3, 1e-4), oracle_horizon=8000, trial_streams=2000,
                                 cs_streams=2000, signals=(0.005, 0.01, 0.02, 0.04), batch_size=1000),
     },

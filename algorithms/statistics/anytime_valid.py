@@ -260,7 +260,12 @@ def mlp_regressor(key: Array, dim: int, *, hidden: int = 32, learning_rate: floa
 
 
 def fixed_regressor(fn: Callable[[Array], Array]) -> SequentialRegressor:
-    """A regressor that always predicts fn(x) (oracle weights such as mu / sigma^2); never learns."""
+    """A regressor that always predicts fn(x); never learns.
+
+    As the `regressor` of `weighted_residual_martingale` it is an oracle mean: the weight is its
+    prediction divided by the variance regressor's, so oracle weights mu / sigma^2 take fn = mu with a
+    fixed variance regressor sigma^2 (fn = mu / sigma^2 there would give mu / sigma^4).
+    """
 
     def predict(state, x):
         del state
@@ -427,7 +432,8 @@ def weighted_residual_martingale(x: Array, y: Array, *, regressor: SequentialReg
     Args:
       x: [t, d] covariates (or [t]).
       y: [t] outcomes.
-      regressor: the weight learner (`SequentialRegressor`).
+      regressor: the weight learner (`SequentialRegressor`), an estimate g_hat of the mean of the residuals
+        (not of the weight: the raw weight is g_hat / sigma_hat^2).
       null_values: f0(X_t), scalar or [t] (default 0: the null mu = 0).
       variance_regressor: sequential regressor of the conditional variance (default: running mean,
         i.e. homoscedastic weights).

@@ -326,3 +326,15 @@ def test_bad_arguments_raise():
         av.local_mean_confidence_band(x, jnp.zeros(10), jnp.zeros(2), bandwidth=0.1, burn_in=2, kernel="tri")
     with pytest.raises(ValueError, match="propensity"):
         av.aipw_martingale(x, jnp.zeros(10), jnp.zeros(10), propensity=1.0, outcome_regressor=reg, regressor=reg)
+
+
+def test_fixed_mean_and_variance_regressors_give_likelihood_ratio_weights():
+    """The regressor predicts the mean, not the weight: with fixed mu and sigma^2 (no normalization) the weight
+    is mu / sigma^2 and the predictable variance mu^2 / sigma^2 (closed form, heteroscedastic)."""
+    x = jnp.linspace(-1.0, 1.0, 50)[:, None]
+    mu, s2 = 0.3 * x[:, 0], (0.5 + jnp.abs(x[:, 0])) ** 2
+    tr = av.weighted_residual_martingale(x, jnp.ones(50), regressor=av.fixed_regressor(lambda z: 0.3 * z[:, 0]),
+                                         variance_regressor=av.fixed_regressor(lambda z: (0.5 + jnp.abs(z[:, 0])) ** 2),
+                                         block_size=BLOCK, normalize_weights=False, max_weight=1e6)
+    np.testing.assert_allclose(np.asarray(tr.weight), np.asarray(mu / s2), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(tr.v_predictable), np.asarray(mu ** 2 / s2), rtol=1e-5, atol=1e-8)
