@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Eight simulated CPU devices so sharded code paths run anywhere.
+# Eight simulated CPU devices so sharded code paths run anywhere. A plain `python -m experiments run`
+# has 1 device: every result.json (`devices`), summary line and REPORT.md row shows the count, so compare
+# throughput numbers only between runs with the same count.
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 # A comma list of slugs for `make reproduce PAPERS=vegas,ffd`; default all implemented.
 PAPERS ?= all
@@ -23,6 +25,7 @@ install: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -n $(WORKERS) --dist loadfile -q --durations=30
 
+# The quick preset updates the tracked results/REPORT.md; other presets write results/REPORT-<preset>.md.
 reproduce: $(VENV)/.installed
 	$(PY) -m experiments run $(PAPERS) --preset $(PRESET)
 

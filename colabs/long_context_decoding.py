@@ -97,7 +97,7 @@ for selector in ("top_k", "quest"):
 # %% [markdown]
 # The fused Pallas kernel makes the same selection; on a CPU it runs in the interpreter (slow, exact).
 # On a GPU or TPU drop `interpret=True`. The decoder LM routes its decode steps through FFD with
-# `TransformerConfig(decode_attention="ffd", ffd_delta=..., ffd_page_size=...)`.
+# `TransformerConfig(attention=AttentionConfig(decode="ffd", ffd=FFDConfig(delta=..., page_size=...)))`.
 
 # %%
 from pallas_kernels.ffd_decode import FFDBlockSizes, ffd_decode as ffd_kernel
@@ -297,7 +297,7 @@ else:
     print(result["verdict"])
 
 # %% [markdown]
-# ## FFD end to end: `generate` with `decode_attention="ffd"`
+# ## FFD end to end: `generate` with `attention.decode="ffd"`
 #
 # The same model decodes through FFD when its config says so (prefill stays dense). A copy with the FFD
 # config and the same weights:
@@ -307,10 +307,10 @@ import dataclasses
 
 from flax import nnx
 
-from models import Transformer
+from models import AttentionConfig, FFDConfig, Transformer
 
-ffd_lm = Transformer(dataclasses.replace(lm.config, decode_attention="ffd", ffd_delta=5.0, ffd_page_size=16),
-                     rngs=nnx.Rngs(0))
+ffd_attention = AttentionConfig(decode="ffd", ffd=FFDConfig(delta=5.0, page_size=16))
+ffd_lm = Transformer(dataclasses.replace(lm.config, attention=ffd_attention), rngs=nnx.Rngs(0))
 nnx.update(ffd_lm, nnx.state(lm, nnx.Param))
 ffd_tokens = generate(ffd_lm, prompts, max_new_tokens=n_new).tokens
 print(f"FFD (delta=5) exact match {float((ffd_tokens == p['answers']).mean()):.0%}, "

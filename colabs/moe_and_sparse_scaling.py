@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -72,10 +74,10 @@ print("group sizes:", np.asarray(d.group_sizes).tolist(), " max |grouped - dense
 # %%
 from flax import nnx
 
-from models import Transformer, TransformerConfig
+from models import MoEConfig, Transformer, TransformerConfig
 
 cfg = TransformerConfig(vocab_size=32, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=64,
-                        ffn_type="moe", num_experts=8, experts_per_token=2)
+                        ffn_type="moe", moe=MoEConfig(num_experts=8, experts_per_token=2))
 model = Transformer(cfg, rngs=nnx.Rngs(0))
 tokens = jax.random.randint(jax.random.key(3), (2, 10), 0, 32)
 out = model(tokens, return_intermediates=True)
@@ -83,7 +85,7 @@ aux = out.intermediates["ffn_aux"][0]
 print("logits", out.logits.shape, "router logits of layer 0", aux["router_logits"].shape,
       f"aux loss {float(out.aux_loss):.3f}")
 # An additive router bias per layer (the handle test-time rerouting adapts): zero leaves logits unchanged.
-zero = jnp.zeros((cfg.num_layers, cfg.num_experts))
+zero = jnp.zeros((cfg.num_layers, cfg.moe.num_experts))
 print("zero bias is a no-op:", bool(jnp.array_equal(model(tokens, router_biases=zero).logits, out.logits)))
 
 # %% [markdown]

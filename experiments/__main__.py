@@ -5,19 +5,32 @@
     python -m experiments run lm_arithmetic --preset smoke --num-steps 50   # field overrides
     python -m experiments run all --preset quick        # what `make reproduce` calls
     python -m experiments run vegas,ffd --preset quick  # a subset
-    python -m experiments report                        # rebuild results/REPORT.md
+    python -m experiments report                        # rebuild results/REPORT.md (quick results)
+    python -m experiments run lm_arithmetic --help      # the run options and the config's fields
     python -m experiments catalog --markdown            # the README's paper table
     python -m experiments bench --only decode,generate  # benchmarks (experiments/bench.py)
 
 Config field overrides after the slug are parsed by tyro against the
 experiment's config dataclass, starting from the chosen preset
-(`--help` after the slug lists the fields). Unknown slugs, presets and fields
-fail with a message that names them.
+(`--help` after the slug lists the fields). A run with overrides gets its own
+run directory, results/<slug>/<preset>-<hash of the config>/, so it never
+resumes another run's checkpoint. Only the quick preset (what `make reproduce`
+runs) updates the tracked results/REPORT.md; other presets write
+<results-dir>/REPORT-<preset>.md, and runs with overrides or --workdir write
+only their own summary.md. Every result carries the JAX device count
+(`make reproduce` simulates 8 CPU devices, a plain run has 1).
+
+Unknown slugs, presets and fields, and values no run can use (a step or batch
+count < 1, a NaN or non-positive learning rate), fail with exit code 2 and a
+message that names them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import pathlib
+import re
 import sys
 
 from experiments import catalog, registry
@@ -73,27 +86,114 @@ def _parse_slugs(spec: str) -> list[str]:
     return slugs
 
 
+def _field_paths(config) -> dict[str, str]:
+    """Leaf field name -> dotted path in `config`, nested config dataclasses included (the shallowest path wins)."""
+    paths: dict[str, str] = {}
+    level = [("", config)]
+    while level:
+        nested = []
+        for prefix, obj in level:
+            for f in dataclasses.fields(obj):
+                paths.setdefault(f.name, prefix + f.name)
+                value = getattr(obj, f.name)
+                if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                    nested.append((f"{prefix}{f.name}.", value))
+        level = nested
+    return paths
+
+
+def _flag_message(err: ValueError, config) -> str:
+    """A config error as the CLI user sees it: field names become the flags they typed (num_steps -> --num-steps).
+
+    `registry.ConfigError` carries its field; in other messages (an experiment's `__post_init__`), field names
+    with an underscore, and the message's first word when it is a field, are replaced by their flags.
+    """
+    if isinstance(err, registry.ConfigError):
+        return f"{registry.cli_flag(err.field)} {err.message}"
+    text = str(err)
+    paths = _field_paths(config)
+    names = sorted((n for n in paths if "_" in n or text.startswith(n + " ")), key=len, reverse=True)
+    if not names:
+        return text
+    pattern = re.compile(r"(?<![\w.\-])(" + "|".join(map(re.escape, names)) + r")(?![\w(])")
+    return pattern.sub(lambda m: registry.cli_flag(paths[m.group(1)]), text)
+
+
+def _parse_overrides(config_cls: type, overrides: list[str], base, prog: str):
+    """`base` with the overrides, parsed by tyro; the config's own `__post_init__` runs here, not inside tyro.
+
+    tyro reports a ValueError from the root class's constructor itself (in its own box, naming the field in
+    snake_case); parsing into a subclass without `__post_init__` and then building the real config lets
+    `_flag_message` name the flags the user typed. Nested config sections are still checked by tyro.
+    """
+    import tyro
+
+    unchecked = type(config_cls.__name__, (config_cls,), {
+        "__post_init__": lambda self: None, "__doc__": config_cls.__doc__,
+        "__module__": config_cls.__module__, "__qualname__": config_cls.__qualname__})
+    parsed = tyro.cli(unchecked, args=overrides, default=base, prog=prog)
+    return config_cls(**{f.name: getattr(parsed, f.name) for f in dataclasses.fields(config_cls) if f.init})
+
+
+def _config(exp, preset: str, overrides: list[str], prog: str):
+    """The preset's config with the command-line overrides (parsed by tyro), checked by `registry.check_config`."""
+    cfg = base = exp.config(preset)
+    try:
+        if overrides:
+            cfg = _parse_overrides(exp.config_cls, overrides, base, prog)
+        registry.check_config(cfg)
+    except ValueError as e:
+        raise ValueError(f"bad config for {exp.slug!r} [{preset}]: {_flag_message(e, base)}") from e
+    return cfg
+
+
+def _run_help(p_run: argparse.ArgumentParser, args) -> int:
+    """`run [<slug>] --help`: the run options, then (for one slug) the config fields tyro accepts."""
+    p_run.print_help()
+    slugs = _parse_slugs(args.slug) if args.slug else []
+    if len(slugs) != 1:
+        print("\nName one experiment (run <slug> --help) to list its config fields.")
+        return 0
+    import tyro
+
+    exp = registry.get(slugs[0])
+    print(f"\nConfig fields of {slugs[0]!r}, with the {args.preset!r} preset's values as defaults:\n", flush=True)
+    try:
+        tyro.cli(exp.config_cls, args=["--help"], default=exp.config(args.preset),
+                 prog=f"python -m experiments run {slugs[0]} --preset {args.preset}")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 0
+    return 0
+
+
 def cmd_run(args, overrides: list[str]) -> int:
     from experiments import report
 
+    if overrides[:1] == ["--"]:
+        overrides = overrides[1:]
     slugs = _parse_slugs(args.slug)
     if overrides and len(slugs) != 1:
         raise SystemExit(f"config overrides {overrides} need exactly one slug; got {slugs}")
-    results = []
+    # Build and check every config before the first run starts.
+    configs = {slug: _config(registry.get(slug), args.preset, overrides, prog=f"python -m experiments run {slug}")
+               for slug in slugs}
+    summaries = []
     for slug in slugs:
-        exp = registry.get(slug)
-        cfg = exp.config(args.preset)
-        if overrides:
-            import tyro
-
-            cfg = tyro.cli(exp.config_cls, args=overrides, default=cfg, prog=f"python -m experiments run {slug}")
-        print(f"==> {slug} [{args.preset}]", flush=True)
+        cfg = configs[slug]
+        workdir = pathlib.Path(args.workdir or report.default_workdir(slug, args.preset, cfg,
+                                                                      results_dir=args.results_dir))
+        print(f"==> {slug} [{args.preset}] in {workdir}", flush=True)
         result = report.run_experiment(slug, args.preset, results_dir=args.results_dir, config=cfg,
-                                       workdir=args.workdir)
+                                       workdir=workdir)
         mark = {True: "reproduced", False: "NOT reproduced", None: "no verdict"}[result["reproduced"]]
-        print(f"    {mark}: {result['verdict']}  ({result['wall_s']} s)", flush=True)
-        results.append(result)
-    path = report.write_report(args.results_dir)
+        devices = result.get("devices", "?")
+        print(f"    {mark}: {result['verdict']}  ({result['wall_s']} s on {devices} device(s))", flush=True)
+        summaries.append(str(workdir / "summary.md"))
+    if overrides or args.workdir is not None:
+        # A run with overrides or its own workdir is not a preset's result: it keeps its own summary.md only.
+        print(f"summary: {', '.join(summaries)}")
+        return 0
+    path = report.write_report(args.results_dir, preset=args.preset)
     print(f"report: {path}")
     return 0
 
@@ -101,7 +201,7 @@ def cmd_run(args, overrides: list[str]) -> int:
 def cmd_report(args) -> int:
     from experiments import report
 
-    print(report.write_report(args.results_dir))
+    print(report.write_report(args.results_dir, preset=args.preset))
     return 0
 
 
@@ -111,16 +211,26 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="list every paper and experiment with its status")
     p_cat = sub.add_parser("catalog", help="print the paper catalog")
     p_cat.add_argument("--markdown", action="store_true", help="as the README's markdown table")
-    p_run = sub.add_parser("run", help="run experiments: a slug, a comma list, or 'all'",
+    p_run = sub.add_parser("run", help="run experiments: a slug, a comma list, or 'all'", add_help=False,
                            epilog="Arguments after the slug that this parser does not know are config "
-                                  "field overrides, e.g. --num-steps 100.")
-    p_run.add_argument("slug")
+                                  "field overrides, e.g. --num-steps 100 (`run <slug> --help` lists them). "
+                                  "A run with overrides gets its own run directory "
+                                  "<results-dir>/<slug>/<preset>-<hash of the config>.")
+    p_run.add_argument("-h", "--help", action="store_true",
+                       help="show this help and, after a slug, the experiment's config fields")
+    p_run.add_argument("slug", nargs="?", help="an experiment slug, a comma list of slugs, or 'all'")
     p_run.add_argument("--preset", default="quick", choices=registry.PRESETS)
-    p_run.add_argument("--results-dir", default="results")
-    p_run.add_argument("--workdir", default=None, help="override the run directory (default results/<slug>/<preset>)")
+    p_run.add_argument("--results-dir", default="results",
+                       help="where runs and reports go (default results; the quick preset updates "
+                            "<results-dir>/REPORT.md, other presets <results-dir>/REPORT-<preset>.md)")
+    p_run.add_argument("--workdir", default=None,
+                       help="override the run directory (default <results-dir>/<slug>/<preset>, or "
+                            "<preset>-<hash> with overrides); such a run writes no REPORT file")
     sub.add_parser("bench", help="run the benchmarks (kernels and models); options: bench --help", add_help=False)
-    p_rep = sub.add_parser("report", help="rebuild results/REPORT.md from result files")
-    p_rep.add_argument("--results-dir", default="results")
+    p_rep = sub.add_parser("report", help="rebuild a preset's report from result files (quick: results/REPORT.md)")
+    p_rep.add_argument("--results-dir", default="results", help="an existing directory that `run` wrote to")
+    p_rep.add_argument("--preset", default="quick", choices=registry.PRESETS,
+                       help="which results to collect (quick -> REPORT.md, others -> REPORT-<preset>.md)")
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
@@ -136,6 +246,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "catalog":
             return cmd_catalog(args)
         if args.command == "run":
+            if args.help:
+                return _run_help(p_run, args)
+            if not args.slug:
+                p_run.print_usage(sys.stderr)
+                print("error: run needs a slug, a comma list of slugs, or 'all'", file=sys.stderr)
+                return 2
             return cmd_run(args, rest)
         return cmd_report(args)
     except ValueError as e:

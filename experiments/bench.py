@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from algorithms.decoding import generate
-from models import Transformer, TransformerConfig
+from models import MoEConfig, Transformer, TransformerConfig
 from models.moe import MoEFFN, dense_moe_reference
 from pallas_kernels import bench as kb
 from pallas_kernels.grouped_matmul import cost as gmm_cost_lib
@@ -101,7 +101,8 @@ def bench_moe(expert_counts=(8, 32), repeats: int = 5, *, tokens: int = 2048, d_
     x = kb._normal(jax.random.key(1), (1, tokens, d_model))
     for num_experts in expert_counts:
         cfg = TransformerConfig(vocab_size=8, d_model=d_model, num_layers=1, num_heads=4, num_kv_heads=4,
-                                d_ff=d_ff, ffn_type="moe", num_experts=num_experts, experts_per_token=top_k)
+                                d_ff=d_ff, ffn_type="moe",
+                                moe=MoEConfig(num_experts=num_experts, experts_per_token=top_k))
         ffn = MoEFFN(cfg, rngs=nnx.Rngs(0))
         grouped = {}
         for impl in ("xla", "xla_tiled"):

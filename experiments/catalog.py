@@ -357,7 +357,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
         ),
         paper_result="PTAS for m = 1; O(log n)-approximation for m > 1",
         status="implemented",
-        ours='spec optima n=4..12 to 1e-6; PTAS gap <=.058 < eps; greedy/exhaustive 1.00; ALG/OPT >=.91; participation ratio 8->4.1 as k grows',
+        ours=('spec optima n=4..12 to 1e-6 (brute force n=6 fixed: .524033); PTAS gap <=.058 < eps; greedy/exhaustive'
+              ' 1.00; ALG/OPT >=.91; not reproduced: random-hypergraph concentration at n=12 (cause: scale)'),
     ),
     CatalogEntry(
         slug="online_covering",
@@ -500,7 +501,9 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " in spec)"
         ),
         status="implemented",
-        ours='type-I <=.016 (10k streams; peeked z .33-.38); blind-spot power GAAVI .94/.89 vs linear .02; trial .99 vs ATE .01; E[tau] ratio 1.57',
+        ours=('type-I <=.016 (10k streams; peeked z .33-.38); blind-spot power GAAVI .94/.89 vs linear .02 at T=1000,'
+              ' 1.00 by T=2000; trial .99 vs ATE .01; oracle E[tau] ratio 1.23 (oracle bug fixed); not reproduced:'
+              ' power .89 < .9 at T=1000 (cause: scale)'),
     ),
     CatalogEntry(
         slug="sysr",

@@ -60,12 +60,13 @@ from algorithms.rl import differential_smoothing as ds
 from algorithms.rl import grpo
 from experiments import _plotting as plotting
 from experiments import registry, report
+from experiments._lm import LMConfig
 from experiments._measure import complete_prompts
 from experiments.checks import Check
 from experiments.checks import verdict as verdict_from_checks
 from experiments.tasks import CountdownTask, lm_batch, prompt_batch
 from experiments.tasks import countdown as countdown_lib
-from models import Transformer, TransformerConfig
+from models import Transformer
 from primitives import policy_losses
 from primitives.sampling import Sampler
 
@@ -73,23 +74,31 @@ FAMILIES = ("grpo", "ds", "entropy_bonus", "entropy_penalty")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class TabularToy:
+    """Part (a), the tabular toy (on the command line: ``--tab.steps 200``)."""
+
+    num_trajectories: int = 64
+    num_correct: int = 16
+    base_std: float = 2.0
+    num_problems: int = 4
+    steps: int = 500
+    lr: float = 1.0
+    group_size: int = 8
+    entropy_coefs: tuple[float, ...] = (0.03, 0.1, 0.3, 1.0)
+    gamma_ps: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0)
+    gamma_ns: tuple[float, ...] = (0.0, 0.1)
+    beta: float = 1.0
+    opt_grid: int = 21  # gamma_p values (and 2x entropy coefficients) on the KL-optimum frontier
+    k: int = 64
+    min_correct: float = 0.95  # diversity is compared among settings at least this correct
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
     """differential_smoothing settings (every field can be overridden on the command line)."""
 
     # (a) Tabular toy.
-    tab_num_trajectories: int = 64
-    tab_num_correct: int = 16
-    tab_base_std: float = 2.0
-    tab_num_problems: int = 4
-    tab_steps: int = 500
-    tab_lr: float = 1.0
-    tab_group_size: int = 8
-    tab_entropy_coefs: tuple[float, ...] = (0.03, 0.1, 0.3, 1.0)
-    tab_gamma_ps: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0)
-    tab_gamma_ns: tuple[float, ...] = (0.0, 0.1)
-    tab_beta: float = 1.0
-    tab_opt_grid: int = 21  # gamma_p values (and 2x entropy coefficients) on the KL-optimum frontier
-    tab_k: int = 64
+    tab: TabularToy = TabularToy()
     # (b) CountDown.
     lm: bool = True
     num_numbers: int = 3
@@ -99,11 +108,7 @@ class Config:
     sft_pool: int = 3000
     sft_invalid_fraction: float = 0.3
     sft_zipf: float = 1.0
-    d_model: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    d_ff: int = 192
+    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192)
     sft_steps: int = 1500
     sft_batch: int = 64
     sft_lr: float = 3e-3
@@ -119,7 +124,6 @@ class Config:
     ds_gammas: tuple[tuple[float, float], ...] = ((0.05, 0.025), (0.2, 0.1), (0.2, 0.0))
     ds_logp_reduction: str = "sum"
     entropy_coefs: tuple[float, ...] = (0.02, 0.1)  # bonus and penalty arms
-    tab_min_correct: float = 0.95  # diversity is compared among settings at least this correct
     eval_problems: int = 64
     eval_samples: int = 64
     eval_chunk: int = 1024
@@ -134,21 +138,21 @@ class Config:
 
 def _tab_problems(c: Config):
     out = []
-    for i in range(c.tab_num_problems):
+    for i in range(c.tab.num_problems):
         rng = np.random.default_rng([c.seed, 1000 + i])
-        logits = rng.normal(0, c.tab_base_std, c.tab_num_trajectories).astype(np.float32)
-        correct = np.zeros(c.tab_num_trajectories, bool)
-        correct[rng.permutation(c.tab_num_trajectories)[: c.tab_num_correct]] = True
+        logits = rng.normal(0, c.tab.base_std, c.tab.num_trajectories).astype(np.float32)
+        correct = np.zeros(c.tab.num_trajectories, bool)
+        correct[rng.permutation(c.tab.num_trajectories)[: c.tab.num_correct]] = True
         out.append((jnp.asarray(logits), jnp.asarray(correct)))
     return out
 
 
 def _tab_methods(c: Config) -> list[tuple[str, str, dict]]:
     methods = [("grpo", "grpo", {})]
-    methods += [("entropy_bonus", f"ent+{e:g}", {"entropy_coef": e}) for e in c.tab_entropy_coefs]
-    methods += [("entropy_penalty", f"ent-{e:g}", {"entropy_coef": -e}) for e in c.tab_entropy_coefs]
+    methods += [("entropy_bonus", f"ent+{e:g}", {"entropy_coef": e}) for e in c.tab.entropy_coefs]
+    methods += [("entropy_penalty", f"ent-{e:g}", {"entropy_coef": -e}) for e in c.tab.entropy_coefs]
     methods += [("ds", f"ds p{gp:g} n{gn:g}", {"gamma_p": gp, "gamma_n": gn})
-                for gp in c.tab_gamma_ps for gn in c.tab_gamma_ns]
+                for gp in c.tab.gamma_ps for gn in c.tab.gamma_ns]
     return methods
 
 
@@ -163,13 +167,13 @@ def run_tabular(c: Config) -> dict:
     """Exact expected-update dynamics and closed-form optima of the tabular toy."""
     problems = _tab_problems(c)
     k_index = -1
-    ks = (1, 4, 16, c.tab_k)
+    ks = (1, 4, 16, c.tab.k)
     dyn = {}
     for family, name, kw in _tab_methods(c):
         curves_c, curves_d = [], []
         for logits, correct in problems:
-            _, traj = ds.tabular_train(logits, correct, num_steps=c.tab_steps, learning_rate=c.tab_lr,
-                                       group_size=c.tab_group_size, ks=ks, **kw)
+            _, traj = ds.tabular_train(logits, correct, num_steps=c.tab.steps, learning_rate=c.tab.lr,
+                                       group_size=c.tab.group_size, ks=ks, **kw)
             curves_c.append(np.asarray(traj.correct_mass))
             curves_d.append(np.asarray(traj.distinct_correct[:, k_index]))
         cc, dd = np.mean(curves_c, 0), np.mean(curves_d, 0)
@@ -180,7 +184,7 @@ def run_tabular(c: Config) -> dict:
                             for l, m in problems]))
 
     # Closed-form KL-regularized optima (Theorem 3.4's setting).
-    beta = c.tab_beta
+    beta = c.tab.beta
     opt = {}
 
     def summarize(probs_list, problems_):
@@ -189,12 +193,12 @@ def run_tabular(c: Config) -> dict:
                                                                                  for x in ms]))
 
     logbases = [(jax.nn.log_softmax(l), m) for l, m in problems]
-    ent_grid = [e for e in np.linspace(-0.9 * beta, 3 * beta, 2 * c.tab_opt_grid)]
+    ent_grid = [e for e in np.linspace(-0.9 * beta, 3 * beta, 2 * c.tab.opt_grid)]
     opt["entropy"] = [(float(e),) + summarize([ds.entropy_regularized_optimum(lb, m.astype(jnp.float32), beta=beta,
                                                                                entropy_coef=float(e))
                                                for lb, m in logbases], problems) for e in ent_grid]
-    ds_grid = [(float(gp), float(gn)) for gp in np.linspace(0, beta, c.tab_opt_grid)
-               for gn in np.linspace(0, 2 * beta, max(2, c.tab_opt_grid // 2))]
+    ds_grid = [(float(gp), float(gn)) for gp in np.linspace(0, beta, c.tab.opt_grid)
+               for gn in np.linspace(0, 2 * beta, max(2, c.tab.opt_grid // 2))]
     opt["ds"] = [(gp, gn) + summarize([ds.kl_regularized_optimum(lb, ds.ds_reward(m.astype(jnp.float32), lb, m,
                                                                                    gamma_p=gp, gamma_n=gn), beta)
                                        for lb, m in logbases], problems) for gp, gn in ds_grid]
@@ -302,8 +306,7 @@ def run_countdown(c: Config, workdir: pathlib.Path) -> dict:
     prompt_len = task.max_prompt_len + 1
     max_new = task.max_solution_len + 1
     pool = _sft_pool(c, task)
-    model_cfg = TransformerConfig(vocab_size=tok.vocab_size, d_model=c.d_model, num_layers=c.num_layers,
-                                  num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, d_ff=c.d_ff)
+    model_cfg = c.model.transformer(tok.vocab_size)
     if c.sft_steps == 0:  # smoke only: no warm start (saves the SFT compile)
         make = lambda: Transformer(model_cfg, rngs=nnx.Rngs(c.seed))
         graphdef, _ = nnx.split(nnx.eval_shape(make), nnx.Param)
@@ -404,10 +407,10 @@ def _verdict(tab, cd, c: Config):
     parts = [
         "Paper: DS-GRPO improves both pass@1 and pass@k over vanilla GRPO and global entropy bonus/penalty "
         "(up to +6.7% AIME24; Thm 3.4: DS dominates entropy regularization in correctness and diversity).",
-        f"(a) Tabular toy ({c.tab_num_problems} problems, {c.tab_num_correct}/{c.tab_num_trajectories} correct, base "
-        f"C={tab['base_correct_mass']:.3f}, distinct@{c.tab_k}={tab['base_distinct']:.2f}), exact expected updates, "
-        f"{c.tab_steps} steps: vanilla GRPO C={dyn['grpo']['final_correct_mass']:.3f} with "
-        f"{dyn['grpo']['final_distinct']:.2f} distinct correct in {c.tab_k} samples (collapse)",
+        f"(a) Tabular toy ({c.tab.num_problems} problems, {c.tab.num_correct}/{c.tab.num_trajectories} correct, base "
+        f"C={tab['base_correct_mass']:.3f}, distinct@{c.tab.k}={tab['base_distinct']:.2f}), exact expected updates, "
+        f"{c.tab.steps} steps: vanilla GRPO C={dyn['grpo']['final_correct_mass']:.3f} with "
+        f"{dyn['grpo']['final_distinct']:.2f} distinct correct in {c.tab.k} samples (collapse)",
     ]
     for f in ("entropy_bonus", "entropy_penalty", "ds"):
         if f in fam_best:
@@ -416,18 +419,18 @@ def _verdict(tab, cd, c: Config):
     parts[-1] += "."
     parts.append(f"A DS setting at least as correct and as diverse exists for {tab['dyn_dominated_share']:.0%} of the "
                  f"GRPO/entropy settings in the dynamics.")
-    # Dynamics: the most diverse setting of each family among those that stay correct (C >= tab_min_correct).
+    # Dynamics: the most diverse setting of each family among those that stay correct (C >= tab.min_correct).
     best_div = {}
     for v in dyn.values():
-        if v["final_correct_mass"] >= c.tab_min_correct:
+        if v["final_correct_mass"] >= c.tab.min_correct:
             best_div[v["family"]] = max(best_div.get(v["family"], 0.0), v["final_distinct"])
     others_div = {f: best_div[f] for f in FAMILIES if f != "ds" and f in best_div}
     checks = [
-        Check(f"tabular: share of entropy-regularized KL optima (beta={c.tab_beta:g}) matched or beaten by a DS "
+        Check(f"tabular: share of entropy-regularized KL optima (beta={c.tab.beta:g}) matched or beaten by a DS "
               "optimum in both correctness and diversity", tab["opt_dominated_share"],
               paper="every one (Thm 3.4)", threshold=">= 0.95", passed=tab["opt_dominated_share"] >= 0.95),
-        Check(f"tabular dynamics: most distinct correct solutions (of {c.tab_k}) among DS settings with "
-              f"C >= {c.tab_min_correct:g}", best_div.get("ds", 0.0),
+        Check(f"tabular dynamics: most distinct correct solutions (of {c.tab.k}) among DS settings with "
+              f"C >= {c.tab.min_correct:g}", best_div.get("ds", 0.0),
               paper="DS more diverse than GRPO and entropy bonus/penalty at equal correctness",
               threshold="> best other family ("
                         + (", ".join(f"{f} {v:.2f}" for f, v in others_div.items()) or "none") + ")",
@@ -478,13 +481,13 @@ def _plot_tabular(tab, c: Config, workdir: pathlib.Path) -> str:
         axes[0].plot([], [], color=col, label=f)
     axes[0].legend(fontsize=7)
     axes[0].set(xlabel="step", ylabel="correct mass C (pass@1)", title="tabular: correctness")
-    axes[1].set(xlabel="step", ylabel=f"E[# distinct correct in {c.tab_k}]", title="tabular: diversity")
+    axes[1].set(xlabel="step", ylabel=f"E[# distinct correct in {c.tab.k}]", title="tabular: diversity")
     opt = tab["optima"]
     axes[2].plot([x[1] for x in opt["entropy"]], [x[2] for x in opt["entropy"]], ":", color="tab:purple",
                  label="entropy-reg. KL optima")
     axes[2].scatter([x[2] for x in opt["ds"]], [x[3] for x in opt["ds"]], color="tab:green", s=3, alpha=0.3,
                     label="DS KL optima")
-    axes[2].set(xlabel="correct mass C", ylabel=f"E[# distinct correct in {c.tab_k}]",
+    axes[2].set(xlabel="correct mass C", ylabel=f"E[# distinct correct in {c.tab.k}]",
                 title="final points (dots) and KL optima")
     axes[2].legend(fontsize=7)
     return report.savefig(fig, workdir / "tabular.png")
@@ -518,15 +521,18 @@ EXPERIMENT = registry.Experiment(
     slug="differential_smoothing",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(lm=False, tab_num_trajectories=16, tab_num_correct=4, tab_num_problems=1, tab_steps=20,
-                                tab_entropy_coefs=(0.3,), tab_gamma_ps=(1.0,), tab_gamma_ns=(0.0,), tab_k=8, tab_opt_grid=3,
-                                sft_pool=40, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32,
+        "smoke": lambda: Config(lm=False,
+                                tab=TabularToy(num_trajectories=16, num_correct=4, num_problems=1, steps=20,
+                                               entropy_coefs=(0.3,), gamma_ps=(1.0,), gamma_ns=(0.0,), k=8, opt_grid=3),
+                                sft_pool=40,
+                                model=LMConfig(d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32),
                                 sft_steps=0, sft_batch=8, rl_steps=0, rl_prompts=2, group_size=4, eval_problems=2,
                                 eval_samples=4, eval_chunk=8, ks=(1, 2, 4), checkpoint=False, progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(tab_num_problems=16, tab_steps=2000, num_numbers=4, max_number=12,
-                                max_target=200, sft_pool=20000, d_model=256, num_layers=4, num_heads=8,
-                                num_kv_heads=2, d_ff=768, sft_steps=10000, sft_batch=256, rl_steps=1000,
+        "paper": lambda: Config(tab=TabularToy(num_problems=16, steps=2000), num_numbers=4, max_number=12,
+                                max_target=200, sft_pool=20000,
+                                model=LMConfig(d_model=256, num_layers=4, num_heads=8, num_kv_heads=2, d_ff=768),
+                                sft_steps=10000, sft_batch=256, rl_steps=1000,
                                 rl_prompts=64, group_size=16, eval_problems=512, eval_samples=128,
                                 ks=(1, 2, 4, 8, 16, 32, 64, 128)),
     },

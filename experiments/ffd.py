@@ -25,7 +25,7 @@ codes, a float32 residual, exact values, the current page exact):
    attends to the whole queried record (16 tokens). On span-copy prompts of ``context_len`` tokens
    (quick: 8192, pages of 64) the prompt is prefilled once with dense attention, and every method then
    decodes ``answer_len`` greedy tokens from that cache through the model's
-   ``decode_attention="ffd"`` route: dense; FFD top-delta at each of ``lm_deltas``; and, at FFD's
+   ``attention.decode="ffd"`` route: dense; FFD top-delta at each of ``lm_deltas``; and, at FFD's
    measured kept fraction (mean over decode steps, layers, prompts and KV heads), the global top-k and
    Quest selectors. Reported per (workload, method): greedy exact match of the answer tokens, agreement
    with dense decoding's tokens, and the kept fraction (per layer too).
@@ -232,13 +232,16 @@ def _part2(c: Config, bar) -> dict:
 # Part 3: end to end on the long-context workloads.
 
 
-def with_decode(model: Transformer, **decode) -> Transformer:
-    """A copy of ``model`` whose config differs by ``decode`` (e.g. ``decode_attention="ffd"``), same weights.
+def with_decode(model: Transformer, decode: str, **ffd) -> Transformer:
+    """A copy of ``model`` whose decode attention is ``decode`` (``config.attention.decode``, e.g. "ffd") with
+    the FFD settings ``ffd`` (fields of ``config.attention.ffd``, e.g. ``delta=5.0``), same weights.
 
     The decode mode is part of the module structure, so the copy is a new `Transformer` with the
     original's parameters copied in.
     """
-    m = Transformer(dataclasses.replace(model.config, **decode), rngs=nnx.Rngs(0))
+    att = model.config.attention
+    attention = dataclasses.replace(att, decode=decode, ffd=dataclasses.replace(att.ffd, **ffd))
+    m = Transformer(dataclasses.replace(model.config, attention=attention), rngs=nnx.Rngs(0))
     nnx.update(m, nnx.state(model, nnx.Param))
     return m
 
@@ -303,13 +306,13 @@ def workload_study(c: Config, wl: lc.Workload, bar) -> dict:
     dense, reference = _method_row(wl.model, first, cache, steps, answers)
     rows = {"dense": dict(dense, method="dense", delta=None)}
     bar.update(1)
-    ffd = functools.partial(with_decode, wl.model, decode_attention="ffd", ffd_page_size=c.lm_page_size, ffd_bits=2)
+    ffd = functools.partial(with_decode, wl.model, "ffd", page_size=c.lm_page_size, bits=2)
     for delta in c.lm_deltas:
-        r, _ = _method_row(ffd(ffd_delta=delta), first, cache, steps, answers, reference)
+        r, _ = _method_row(ffd(delta=delta), first, cache, steps, answers, reference)
         rows[f"ffd d={delta:g}"] = dict(r, method="ffd", delta=delta)
         frac = min(max(r["kept"], 1e-3), 1.0)
         for sel in ("top_k", "quest"):
-            rb, _ = _method_row(ffd(ffd_selector=sel, ffd_kept_fraction=frac), first, cache, steps, answers, reference)
+            rb, _ = _method_row(ffd(selector=sel, kept_fraction=frac), first, cache, steps, answers, reference)
             rows[f"{sel} d={delta:g}"] = dict(rb, method=sel, delta=delta, budget=frac)
         bar.update(1)
     return {"fingerprint": wl.fingerprint, "description": wl.description, "dense_accuracy": dense["accuracy"],

@@ -28,11 +28,12 @@ from flax import nnx
 from algorithms import training
 from experiments import _plotting as plotting
 from experiments import registry, report
+from experiments._lm import LMConfig
 from experiments._measure import complete_prompts, matmul_peak_flops, steady_throughput
 from experiments.checks import Check
 from experiments.checks import verdict as verdict_from_checks
 from experiments.tasks import ArithmeticTask
-from models import Transformer, TransformerConfig
+from models import Transformer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,12 +46,8 @@ class Config:
     reverse_answer: bool = True
     pad_operands: bool = True
     test_fraction: float = 0.1
-    # Model.
-    d_model: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    d_ff: int = 384
+    # Model (the vocabulary comes from the task's tokenizer).
+    model: LMConfig = LMConfig(d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=384)
     # Training.
     batch_size: int = 64
     num_steps: int = 2000
@@ -75,11 +72,6 @@ def _task(c: Config) -> ArithmeticTask:
                           test_fraction=c.test_fraction, seed=c.seed)
 
 
-def _model_config(c: Config, vocab_size: int) -> TransformerConfig:
-    return TransformerConfig(vocab_size=vocab_size, d_model=c.d_model, num_layers=c.num_layers,
-                             num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, d_ff=c.d_ff)
-
-
 def exact_match(model: nnx.Module, task: ArithmeticTask, prompts: list[str], *, batch_size: int) -> np.ndarray:
     """Greedy-decodes each prompt and returns a bool array of exact matches."""
     tok = task.tokenizer()
@@ -92,7 +84,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     task = _task(c)
     tok = task.tokenizer()
     seq_len = task.max_seq_len
-    model_cfg = _model_config(c, tok.vocab_size)
+    model_cfg = c.model.transformer(tok.vocab_size)
     opt = training.OptimizerConfig(learning_rate=c.learning_rate, warmup_steps=min(c.warmup_steps, c.num_steps),
                                    total_steps=c.num_steps, weight_decay=c.weight_decay)
     result = training.fit(
@@ -168,11 +160,13 @@ EXPERIMENT = registry.Experiment(
     slug="lm_arithmetic",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(num_digits=2, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=64,
+        "smoke": lambda: Config(num_digits=2,
+                                model=LMConfig(d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=64),
                                 batch_size=16, num_steps=6, warmup_steps=2, checkpoint_every=3, log_every=2,
                                 eval_examples=16, eval_batch_size=16, peak_matmul_dim=128, progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(num_digits=4, d_model=256, num_layers=4, num_heads=8, num_kv_heads=2, d_ff=768,
+        "paper": lambda: Config(num_digits=4,
+                                model=LMConfig(d_model=256, num_layers=4, num_heads=8, num_kv_heads=2, d_ff=768),
                                 batch_size=256, num_steps=10_000, learning_rate=1e-3, eval_examples=4096,
                                 eval_batch_size=1024, peak_matmul_dim=4096, data_parallel=True),
     },

@@ -49,9 +49,11 @@ import tqdm
 
 from experiments import _plotting as plotting
 from experiments import registry, report
+from experiments._lm import MoELMConfig
 from experiments.checks import Check, Study
 from experiments.checks import verdict as verdict_from_checks
 from experiments.tasks.domains import EVAL_FAMILIES, DomainTask
+from models.transformer import MoEConfig
 
 METHODS = ("base", "rerouting (confidence)", "all layers", "random layers", "retrieval (C3PO-style)",
            "oracle (continuation)")
@@ -63,8 +65,8 @@ class Config:
     """Settings of the moe_rerouting experiment.
 
     Attributes:
-      d_model, num_layers, num_experts, top_k: the MoE LM (4 heads, 2 KV heads, expert width
-        2 * d_model).
+      model: the MoE LM (`MoELMConfig`: width, layers, heads, expert width ``d_ff``, and its ``moe``
+        section with ``num_experts`` and the top-k ``experts_per_token``); vocabulary from the task.
       seq_len, batch_size, train_steps, learning_rate: LM training on the domain mixture.
       eval_per_family: prompts per evaluation family.
       prompt_len, cont_len: token blocks of the prompt (BOS included) and the continuation.
@@ -75,10 +77,8 @@ class Config:
       progress: tqdm bars.
     """
 
-    d_model: int = 64
-    num_layers: int = 4
-    num_experts: int = 8
-    top_k: int = 2
+    model: MoELMConfig = MoELMConfig(d_model=64, num_layers=4, num_heads=4, num_kv_heads=2, d_ff=128,
+                                     moe=MoEConfig(num_experts=8, experts_per_token=2))
     seq_len: int = 64
     batch_size: int = 32
     train_steps: int = 600
@@ -101,12 +101,10 @@ class Config:
 
 
 def _validate(c: Config) -> None:
-    for name in ("d_model", "num_layers", "num_experts", "seq_len", "batch_size", "train_steps", "eval_per_family",
+    for name in ("seq_len", "batch_size", "train_steps", "eval_per_family",  # c.model checks its own fields
                  "prompt_len", "cont_len", "bank_size", "num_neighbors", "interval"):
         if getattr(c, name) < 1:
             raise ValueError(f"{name} must be >= 1; got {getattr(c, name)}")
-    if not 1 <= c.top_k <= c.num_experts:
-        raise ValueError(f"top_k must be in [1, num_experts={c.num_experts}]; got {c.top_k}")
     if c.num_neighbors > c.bank_size:
         raise ValueError(f"num_neighbors must be <= bank_size={c.bank_size}; got {c.num_neighbors}")
     if c.prompt_len < 8:
@@ -117,11 +115,9 @@ def _validate(c: Config) -> None:
 
 def _train_lm(c: Config, task: DomainTask, workdir: pathlib.Path):
     from algorithms import training
-    from models.transformer import Transformer, TransformerConfig
+    from models.transformer import Transformer
 
-    cfg = TransformerConfig(vocab_size=task.tokenizer.vocab_size, d_model=c.d_model, num_layers=c.num_layers,
-                            num_heads=4, num_kv_heads=2, d_ff=2 * c.d_model, ffn_type="moe",
-                            num_experts=c.num_experts, experts_per_token=c.top_k)
+    cfg = c.model.transformer(task.tokenizer.vocab_size)
 
     def batch_fn(position):
         b = task.train_batch(position, c.batch_size, c.seq_len)
@@ -129,8 +125,7 @@ def _train_lm(c: Config, task: DomainTask, workdir: pathlib.Path):
 
     opt = training.OptimizerConfig(learning_rate=c.learning_rate, warmup_steps=min(50, c.train_steps),
                                    total_steps=c.train_steps)
-    fp = repr((c.d_model, c.num_layers, c.num_experts, c.top_k, c.seq_len, c.batch_size, c.train_steps,
-               c.learning_rate, c.seed))
+    fp = repr((c.model, c.seq_len, c.batch_size, c.train_steps, c.learning_rate, c.seed))
     res = training.fit(model_fn=lambda rngs: Transformer(cfg, rngs=rngs), optimizer_config=opt, batch_fn=batch_fn,
                        num_steps=c.train_steps, workdir=workdir / "lm", seed=c.seed,
                        checkpoint_every=max(1, c.train_steps // 2), log_every=max(1, c.train_steps // 10),
@@ -223,9 +218,10 @@ def _setup(c: Config, workdir: pathlib.Path) -> _Setup:
 
 
 def _setup_context(c: Config, s: _Setup) -> str:
-    return (f"Ours: tiny MoE LM, {c.num_layers} layers, {c.num_experts} experts top-{c.top_k}, {c.train_steps} "
-            f"steps, final loss {s.history[-1]['loss'] if s.history else float('nan'):.2f}; {c.eval_per_family} "
-            f"prompts per family; {c.steps} Adam steps lr {c.reroute_lr}, rho {c.rho}.")
+    m = c.model
+    return (f"Ours: tiny MoE LM, {m.num_layers} layers, {m.moe.num_experts} experts top-{m.moe.experts_per_token}, "
+            f"{c.train_steps} steps, final loss {s.history[-1]['loss'] if s.history else float('nan'):.2f}; "
+            f"{c.eval_per_family} prompts per family; {c.steps} Adam steps lr {c.reroute_lr}, rho {c.rho}.")
 
 
 class _Prefill(NamedTuple):
@@ -439,12 +435,16 @@ EXPERIMENT = registry.Experiment(
     slug="moe_rerouting",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(d_model=32, num_layers=2, num_experts=4, seq_len=32, batch_size=8, train_steps=4,
+        "smoke": lambda: Config(model=MoELMConfig(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=64,
+                                                  moe=MoEConfig(num_experts=4, experts_per_token=2)),
+                                seq_len=32, batch_size=8, train_steps=4,
                                 eval_per_family=2, prompt_len=24, cont_len=6, steps=2, interval=6, bank_size=16,
                                 num_neighbors=1, sweep_steps=(1, 3), sweep_lrs=(5e-2,), sweep_intervals=(0,),
                                 progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(d_model=128, num_layers=8, num_experts=16, seq_len=128, train_steps=5000,
+        "paper": lambda: Config(model=MoELMConfig(d_model=128, num_layers=8, num_heads=4, num_kv_heads=2, d_ff=256,
+                                                  moe=MoEConfig(num_experts=16, experts_per_token=2)),
+                                seq_len=128, train_steps=5000,
                                 eval_per_family=200, prompt_len=96, cont_len=24, bank_size=2048),
     },
     run=run,

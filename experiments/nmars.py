@@ -73,12 +73,13 @@ from algorithms.rl import grpo
 from algorithms.rl import nmars
 from experiments import _plotting as plotting
 from experiments import registry, report
+from experiments._lm import LMConfig
 from experiments._measure import complete_prompts
 from experiments.checks import Check
 from experiments.checks import verdict as verdict_from_checks
 from experiments.tasks import ArithmeticTask, lm_batch, prompt_batch
 from experiments.tasks.sorting import SortingTask
-from models import Transformer, TransformerConfig
+from models import Transformer
 from primitives.sampling import Sampler
 
 ARMS = ("A_sft", "B_aug_unmasked", "C_msft", "D_msft_grpo")
@@ -93,11 +94,7 @@ class Config:
     sort_values: int = 50
     num_digits: int = 4  # msd_addition: zero-padded operands, answer most significant digit first
     test_fraction: float = 0.1
-    d_model: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    d_ff: int = 192
+    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192)
     base_steps: int = 1200
     base_lr: float = 3e-3
     sft_steps: int = 600
@@ -198,8 +195,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     seq_len = task.max_seq_len
     aug_len = seq_len + 2 * max(c.deviation_lengths)
     max_new = answer_len + 1 + c.extra_new_tokens
-    model_cfg = TransformerConfig(vocab_size=tok.vocab_size, d_model=c.d_model, num_layers=c.num_layers,
-                                  num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, d_ff=c.d_ff)
+    model_cfg = c.model.transformer(tok.vocab_size)
     ext_cfg = nmars.extend_config(model_cfg)
     digit_ids = tok.encode(answer_chars)
 
@@ -394,11 +390,13 @@ EXPERIMENT = registry.Experiment(
     slug="nmars",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(sort_length=3, sort_values=8, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32,
+        "smoke": lambda: Config(sort_length=3, sort_values=8,
+                                model=LMConfig(d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32),
                                 base_steps=0, sft_steps=5, batch=8, rl_steps=0, rl_prompts=2, group_size=4,
                                 eval_problems=8, eval_chunk=8, checkpoint=False, progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(sort_length=16, sort_values=100, d_model=128, num_layers=4, num_heads=8, num_kv_heads=2, d_ff=512,
+        "paper": lambda: Config(sort_length=16, sort_values=100,
+                                model=LMConfig(d_model=128, num_layers=4, num_heads=8, num_kv_heads=2, d_ff=512),
                                 base_steps=8000, sft_steps=4000, batch=256, rl_steps=200, rl_prompts=64,
                                 eval_problems=4096, eval_chunk=1024),
     },

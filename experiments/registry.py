@@ -20,12 +20,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import math
 import pathlib
 from typing import Any, Callable, Mapping
 
 from experiments.catalog import CATALOG, CatalogEntry
 
-__all__ = ["Experiment", "FOUNDATION", "PRESETS", "all_slugs", "implemented_slugs", "get", "catalog_entry"]
+__all__ = ["Experiment", "FOUNDATION", "PRESETS", "ConfigError", "all_slugs", "implemented_slugs", "get", "catalog_entry",
+           "check_config", "cli_flag"]
 
 PRESETS = ("smoke", "quick", "paper")
 
@@ -84,6 +86,75 @@ class Experiment:
     def paper_claim(self) -> str:
         entry = self.paper
         return entry.claim if entry else self.claim
+
+
+class ConfigError(ValueError):
+    """A config field holds a value no experiment can run with.
+
+    Attributes:
+      field: the field's dotted path in the config (``num_steps``, ``model.d_model``); the CLI
+        shows it as the flag the user typed (:func:`cli_flag`).
+    """
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field} {message}")
+        self.field = field
+        self.message = message
+
+
+def cli_flag(field: str) -> str:
+    """The command-line flag of a config field path: ``model.d_model`` -> ``--model.d-model`` (tyro's spelling)."""
+    return "--" + field.replace("_", "-")
+
+
+# Field names checked for every experiment (leaf names, also inside nested config dataclasses).
+_POSITIVE_INT_NAMES = ("num_steps", "train_steps", "batch_size", "batch")
+_POSITIVE_INT_SUFFIXES = ("_batch_size", "_batch")
+_LEARNING_RATE_NAMES = ("learning_rate", "lr")
+_LEARNING_RATE_SUFFIXES = ("_learning_rate", "_lr")
+
+
+def _floats(value: Any):
+    if isinstance(value, float):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _floats(v)
+
+
+def check_config(config: Any, *, _prefix: str = "") -> None:
+    """Checks the fields every experiment shares, in any config dataclass (nested ones too).
+
+    The shared rules (an experiment's own ``__post_init__`` checks the rest):
+
+      * no float field (or float inside a tuple field) is NaN;
+      * learning rates (``learning_rate``, ``lr``, ``*_lr``, ``*_learning_rate``) are finite and > 0;
+      * step and batch counts (``num_steps``, ``train_steps``, ``batch_size``, ``batch``,
+        ``*_batch_size``, ``*_batch``) are >= 1; a count field whose default is 0 (a sentinel, such as
+        sysr's ``run_batch_size=0``: all runs in one call) may also be 0.
+
+    Raises:
+      ConfigError: (a ValueError) naming the field's dotted path, the rule and the value.
+    """
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"config must be a dataclass instance; got {type(config).__name__}")
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        path = f"{_prefix}{f.name}"
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            check_config(value, _prefix=f"{path}.")
+            continue
+        if any(math.isnan(v) for v in _floats(value)):
+            raise ConfigError(path, f"must not be NaN; got {value!r}")
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if is_number and (f.name in _LEARNING_RATE_NAMES or f.name.endswith(_LEARNING_RATE_SUFFIXES)):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(path, f"(a learning rate) must be finite and > 0; got {value!r}")
+        if (isinstance(value, int) and not isinstance(value, bool)
+                and (f.name in _POSITIVE_INT_NAMES or f.name.endswith(_POSITIVE_INT_SUFFIXES))):
+            lowest = 0 if f.default == 0 and not isinstance(f.default, bool) else 1
+            if value < lowest:
+                raise ConfigError(path, f"must be >= {lowest}; got {value!r}")
 
 
 def catalog_entry(slug: str) -> CatalogEntry | None:

@@ -58,10 +58,11 @@ from algorithms.rl import grpo
 from experiments import _plotting as plotting
 from experiments import checks as checks_lib
 from experiments import registry, report
+from experiments._lm import LMConfig
 from experiments._measure import complete_prompts
 from experiments.checks import Check
 from experiments.tasks import ArithmeticTask, prompt_batch
-from models import Transformer, TransformerConfig
+from models import Transformer
 from primitives import policy_losses
 from primitives.sampling import Sampler
 
@@ -109,8 +110,7 @@ class Config:
     lm: bool = True
     lm_digits: int = 2
     lm_operations: tuple[str, ...] = ("+", "*")
-    lm_d_model: int = 64
-    lm_layers: int = 2
+    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=256)  # the tiny LM
     lm_sft_steps: int = 400
     lm_sft_batch: int = 64
     lm_pool: int = 768
@@ -244,8 +244,7 @@ def run_lm(c: Config, workdir: pathlib.Path) -> dict:
     """SFT, the easy / hard split by base pass rate, then the iso-compute sweep of GRPO runs."""
     task = _lm_task(c)
     tok = task.tokenizer()
-    model_cfg = TransformerConfig(vocab_size=tok.vocab_size, d_model=c.lm_d_model, num_layers=c.lm_layers,
-                                  num_heads=4, num_kv_heads=2, d_ff=4 * c.lm_d_model)
+    model_cfg = c.model.transformer(tok.vocab_size)
     sft = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
         optimizer_config=training.OptimizerConfig(learning_rate=1e-3, warmup_steps=max(1, c.lm_sft_steps // 10),
@@ -460,7 +459,8 @@ EXPERIMENT = registry.Experiment(
     config_cls=Config,
     presets={
         "smoke": lambda: Config(num_problems_total=16, num_answers=8, dim=8, log2_budgets=(8, 9, 10, 11),
-                                n_grid=(1, 4, 16), bp_grid=(4,), seeds=2, lm_d_model=16, lm_layers=1,
+                                n_grid=(1, 4, 16), bp_grid=(4,), seeds=2,
+                                model=LMConfig(d_model=16, num_layers=1, num_heads=4, num_kv_heads=2, d_ff=64),
                                 lm_sft_steps=2, lm_sft_batch=8, lm_pool=48, lm_pool_samples=4,
                                 lm_log2_budgets=(4, 5, 6, 7), lm_n_grid=(2,), lm_bp_grid=(2,), lm_eval_samples=2,
                                 checkpoint=False, progress=False),

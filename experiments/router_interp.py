@@ -53,8 +53,10 @@ from algorithms.moe import router_interp as ri
 from experiments import _plotting as plotting
 from experiments import checks as checks_lib
 from experiments import registry, report
+from experiments._lm import MoELMConfig
 from experiments.checks import Check
 from models import sae as sae_lib
+from models.transformer import MoEConfig
 
 WORLDS = ("ssh", "single_domain", "single_domain_exclusive")
 METHODS = ("RouterInterp (alignment)", "RouterInterp (L1 probe)", "token statistics", "bigram predictor",
@@ -98,10 +100,8 @@ class Config:
     lm_domains: int = 6
     lm_vocab: int = 48
     lm_seq_len: int = 48
-    lm_layers: int = 2
-    lm_d_model: int = 64
-    lm_experts: int = 8
-    lm_top_k: int = 2
+    lm_model: MoELMConfig = MoELMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=128,
+                                        moe=MoEConfig(num_experts=8, experts_per_token=2))
     lm_steps: int = 300
     lm_batch_size: int = 32
     lm_learning_rate: float = 3e-3
@@ -317,14 +317,13 @@ def sample_markov(rng: np.random.Generator, trans, start, num_sequences: int, se
 
 def _run_lm(c: Config, workdir: pathlib.Path) -> dict:
     from algorithms import training
-    from models.transformer import Transformer, TransformerConfig
+    from models.transformer import Transformer
 
     key = jax.random.fold_in(jax.random.key(c.seed), 100)
     k_dom, k_sae = jax.random.split(key)
     trans, start, _ = markov_domains(k_dom, num_domains=c.lm_domains, vocab_size=c.lm_vocab)
-    cfg = TransformerConfig(vocab_size=c.lm_vocab, d_model=c.lm_d_model, num_layers=c.lm_layers, num_heads=4,
-                            num_kv_heads=2, d_ff=2 * c.lm_d_model, ffn_type="moe", num_experts=c.lm_experts,
-                            experts_per_token=c.lm_top_k)
+    lm, top_k = c.lm_model, c.lm_model.moe.experts_per_token
+    cfg = lm.transformer(c.lm_vocab)
 
     def batch_fn(position):
         rng = np.random.default_rng([c.seed, position])
@@ -342,7 +341,7 @@ def _run_lm(c: Config, workdir: pathlib.Path) -> dict:
                           fingerprint=repr(dataclasses.replace(c, progress=True, worlds=())))
     lm_s = time.time() - t0
     model = result.model()
-    layer = c.lm_layer % c.lm_layers
+    layer = c.lm_layer % lm.num_layers
 
     def collect(seed, n):
         rng = np.random.default_rng([c.seed, seed])
@@ -351,9 +350,9 @@ def _run_lm(c: Config, workdir: pathlib.Path) -> dict:
         for i in range(0, n, 64):
             out = model(seqs[i:i + 64, :-1], return_intermediates=True)
             aux = out.intermediates["ffn_aux"][layer]
-            xs.append(np.asarray(aux["router_inputs"], np.float32).reshape(-1, c.lm_d_model))
-            idx = np.asarray(aux["expert_indices"]).reshape(-1, c.lm_top_k)
-            y = np.zeros((idx.shape[0], c.lm_experts), bool)
+            xs.append(np.asarray(aux["router_inputs"], np.float32).reshape(-1, lm.d_model))
+            idx = np.asarray(aux["expert_indices"]).reshape(-1, top_k)
+            y = np.zeros((idx.shape[0], lm.moe.num_experts), bool)
             np.put_along_axis(y, idx, True, axis=1)
             ys.append(y)
         tok = seqs[:, :-1]
@@ -364,7 +363,7 @@ def _run_lm(c: Config, workdir: pathlib.Path) -> dict:
     train, test = collect(1, c.lm_eval_sequences), collect(2, max(1, c.lm_eval_sequences // 2))
     rows = np.asarray(model.layers[layer].ffn.router_rows(), np.float64)
     # Check that the recorded top-k is what the recorded logits and rows give (linear router).
-    consistent = float(np.mean(ri.route(rows, train.x[:2000], c.lm_top_k) == train.labels[:2000]))
+    consistent = float(np.mean(ri.route(rows, train.x[:2000], top_k) == train.labels[:2000]))
     t1 = time.time()
     sae_model, hist = _sae(c, k_sae, train.x, c.lm_sae_latents, c.lm_sae_k, c.lm_sae_steps, workdir, "lm")
     out = _pipeline(c, train, test, rows, sae_model, c.lm_vocab, c.lm_domains)
@@ -456,7 +455,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
             f"R={r['planted_set_recovery_alignment']['recall']:.2f}")
     lm_txt = ""
     if lm is not None:
-        lm_txt = (f" Tiny MoE LM (layer {lm['layer']}, {c.lm_experts} experts top-{c.lm_top_k}, {c.lm_steps} steps, "
+        moe = c.lm_model.moe
+        lm_txt = (f" Tiny MoE LM (layer {lm['layer']}, {moe.num_experts} experts top-{moe.experts_per_token}, {c.lm_steps} steps, "
                   f"loss {lm['lm_final_loss']:.2f}): RouterInterp {row(lm, ri_m)} vs token statistics "
                   f"{row(lm, tok_m)} ({_bacc(lm, ri_m) / _bacc(lm, tok_m) - 1:+.0%}), bigram "
                   f"{row(lm, 'bigram predictor')}, single feature {row(lm, 'single best feature')}, single domain "
@@ -520,7 +520,10 @@ EXPERIMENT = registry.Experiment(
                                 probe_rows=500, lm=False, progress=False),
         "quick": lambda: Config(),
         "paper": lambda: Config(train_sequences=4000, test_sequences=1000, sae_latents=1024, sae_steps=8000,
-                                lm_steps=3000, lm_layers=4, lm_eval_sequences=2000, lm_sae_steps=6000),
+                                lm_steps=3000,
+                                lm_model=MoELMConfig(d_model=64, num_layers=4, num_heads=4, num_kv_heads=2, d_ff=128,
+                                                     moe=MoEConfig(num_experts=8, experts_per_token=2)),
+                                lm_eval_sequences=2000, lm_sae_steps=6000),
     },
     run=run,
 )

@@ -67,6 +67,7 @@ from algorithms.rl import grpo
 from algorithms.rl import scm_grpo as scm
 from experiments import _plotting as plotting
 from experiments import registry, report
+from experiments._lm import LMConfig
 from experiments._measure import complete_prompts
 from experiments.checks import Check, verdict
 from experiments.tasks import lm_batch, prompt_batch
@@ -93,11 +94,7 @@ class Config:
     p_truncate: float = 0.2
     p_pad: float = 0.2
     max_pad: int = 2
-    d_model: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    d_ff: int = 192
+    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192)
     sft_steps: int = 2000
     sft_batch: int = 64
     sft_lr: float = 3e-3
@@ -242,8 +239,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     task = _task(c)
     tok = task.tokenizer()
     prompt_len, max_new, seq_len = _lengths(c, task)
-    model_cfg = TransformerConfig(vocab_size=tok.vocab_size, d_model=c.d_model, num_layers=c.num_layers,
-                                  num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, d_ff=c.d_ff)
+    model_cfg = c.model.transformer(tok.vocab_size)
     if c.sft_steps == 0:  # smoke only: no warm start (saves the SFT compile)
         make = lambda: Transformer(model_cfg, rngs=nnx.Rngs(c.seed))
         graphdef, _ = nnx.split(nnx.eval_shape(make), nnx.Param)
@@ -450,13 +446,15 @@ EXPERIMENT = registry.Experiment(
     slug="scm_grpo",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(sft_pool=64, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32,
+        "smoke": lambda: Config(sft_pool=64,
+                                model=LMConfig(d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32),
                                 sft_steps=0, sft_batch=8, rl_steps=1, rl_prompts=2, group_size=2,
                                 eval_claims_per_hop=2, eval_samples=2, eval_chunk=4, min_bin=1,
                                 checkpoint=False, progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(num_entities=32, num_relations=8, num_facts=10, sft_pool=200_000, d_model=256,
-                                num_layers=6, num_heads=8, num_kv_heads=2, d_ff=768, sft_steps=20_000,
+        "paper": lambda: Config(num_entities=32, num_relations=8, num_facts=10, sft_pool=200_000,
+                                model=LMConfig(d_model=256, num_layers=6, num_heads=8, num_kv_heads=2, d_ff=768),
+                                sft_steps=20_000,
                                 sft_batch=256, rl_steps=1000, rl_prompts=64, group_size=8,
                                 eval_claims_per_hop=1000, eval_samples=8),
     },

@@ -1,7 +1,8 @@
 """Flax NNX models composed from `primitives`.
 
 Public names:
-  TransformerConfig, Transformer, TransformerOutput: the decoder LM (models.transformer);
+  TransformerConfig, Transformer, TransformerOutput: the decoder LM (models.transformer), with the
+    config's nested sections AttentionConfig (+ FFDConfig) and MoEConfig;
     SparseDecode: its sparse-attention decode step (Vegas drafting).
   KVCache, init_cache: its explicit KV cache (models.kv_cache).
   MoEFFN, dense_moe_reference: the mixture-of-experts FFN, registered as ffn_type "moe" (models.moe).
@@ -10,9 +11,11 @@ Public names:
 """
 
 from models.kv_cache import KVCache, init_cache
-from models.transformer import SparseDecode, Transformer, TransformerConfig, TransformerOutput, register_ffn
+from models.transformer import (AttentionConfig, FFDConfig, MoEConfig, SparseDecode, Transformer, TransformerConfig,
+                                TransformerOutput, register_ffn)
 from models.moe import MoEFFN, dense_moe_reference  # noqa: E402  (importing registers ffn_type "moe")
 from models.induction import InductionSpec, induction_lm
 
-__all__ = ["KVCache", "init_cache", "Transformer", "TransformerConfig", "TransformerOutput", "SparseDecode",
+__all__ = ["KVCache", "init_cache", "Transformer", "TransformerConfig", "AttentionConfig", "FFDConfig", "MoEConfig",
+           "TransformerOutput", "SparseDecode",
            "register_ffn", "MoEFFN", "dense_moe_reference", "InductionSpec", "induction_lm"]

@@ -3,19 +3,19 @@
 Dimension legend: `b` batch, `t` tokens, `D` model width, `E` experts, `k` experts per token,
 `f` expert hidden width, `S` shared experts, `L` layers, `m = b * t` tokens, `n = m * k`.
 
-Build an MoE LM by setting the MoE fields of `TransformerConfig`:
+Build an MoE LM by setting `ffn_type="moe"` and the `moe` section (`MoEConfig`) of `TransformerConfig`:
 
     cfg = TransformerConfig(vocab_size=64, d_model=64, num_layers=4, num_heads=4, num_kv_heads=2,
-                            d_ff=128, ffn_type="moe", num_experts=8, experts_per_token=2)
+                            d_ff=128, ffn_type="moe", moe=MoEConfig(num_experts=8, experts_per_token=2))
     model = Transformer(cfg, rngs=nnx.Rngs(0))
 
 Every block's FFN is then an `MoEFFN`: router logits `z = x W_r (+ bias)` (float32) on the block's
 *normed* FFN input x, softmax over all E experts, the top-k experts with gates (renormalized over
-the k or not: `router_renormalize`), E gated (SwiGLU/GeGLU) experts computed dropless — assignments
+the k or not: `moe.router_renormalize`), E gated (SwiGLU/GeGLU) experts computed dropless — assignments
 sorted by expert, three grouped matmuls (`pallas_kernels.grouped_matmul`, implementation from
-`moe_implementation`), unsorted and combined with the gates — plus `num_shared_experts` always-on
-experts. The layer's auxiliary loss is `load_balance_weight * E sum_e f_e P_e +
-router_z_weight * mean logsumexp(z)^2`, summed over layers into `TransformerOutput.aux_loss` (and
+`moe.implementation`), unsorted and combined with the gates — plus `moe.num_shared_experts` always-on
+experts. The layer's auxiliary loss is `moe.load_balance_weight * E sum_e f_e P_e +
+moe.router_z_weight * mean logsumexp(z)^2`, summed over layers into `TransformerOutput.aux_loss` (and
 so into `algorithms.training.next_token_loss`).
 
 Reading the router (for test-time rerouting, RouterInterp, ...):
@@ -70,24 +70,25 @@ class MoEFFN(nnx.Module):
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        D, E = config.d_model, config.num_experts
+        moe = config.moe
+        D, E = config.d_model, moe.num_experts
         f = config.resolved_moe_d_ff
         self.w_router = _param(rngs, (D, E), ("embed", "expert"), 1 / math.sqrt(D))
         self.w_gate = _param(rngs, (E, D, f), ("expert", "embed", "mlp"), 1 / math.sqrt(D))
         self.w_up = _param(rngs, (E, D, f), ("expert", "embed", "mlp"), 1 / math.sqrt(D))
         self.w_down = _param(rngs, (E, f, D), ("expert", "mlp", "embed"), 1 / math.sqrt(f))
-        self.num_shared = config.num_shared_experts
+        self.num_shared = moe.num_shared_experts
         if self.num_shared:
             fs = f * self.num_shared  # S shared SwiGLU experts summed == one of width S * f
             self.shared_gate = _param(rngs, (D, fs), ("embed", "mlp"), 1 / math.sqrt(D))
             self.shared_up = _param(rngs, (D, fs), ("embed", "mlp"), 1 / math.sqrt(D))
             self.shared_down = _param(rngs, (fs, D), ("mlp", "embed"), 1 / math.sqrt(fs))
         self.num_experts = E
-        self.k = config.experts_per_token
-        self.renormalize = config.router_renormalize
-        self.load_balance_weight = config.load_balance_weight
-        self.router_z_weight = config.router_z_weight
-        self.implementation = config.moe_implementation
+        self.k = moe.experts_per_token
+        self.renormalize = moe.router_renormalize
+        self.load_balance_weight = moe.load_balance_weight
+        self.router_z_weight = moe.router_z_weight
+        self.implementation = moe.implementation
         self.activation = config.ffn_activation
         self.dtype = config.compute_dtype
 

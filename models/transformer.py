@@ -38,7 +38,7 @@ The FFN is a pluggable slot: `TransformerConfig.ffn_type` names a factory in
 KV cache: pass a `KVCache` (see `models.kv_cache`) to append `t` tokens per
 sequence at positions `cache.lengths + arange(t)`; the same call serves
 prefill, one-token decode and multi-token append. The cache's axis order
-(`TransformerConfig.kv_layout`, token-major "bskd" or head-major "bksd") is
+(`TransformerConfig.attention.kv_layout`, token-major "bskd" or head-major "bksd") is
 chosen per backend by measurement and read as stored by every decode path. Every parameter carries
 logical axis names (`out_sharding` metadata) that `algorithms.training` maps to
 a device mesh.
@@ -74,6 +74,9 @@ FFD_SELECTORS = ("top_delta", "top_k", "quest")
 
 __all__ = [
     "TransformerConfig",
+    "AttentionConfig",
+    "FFDConfig",
+    "MoEConfig",
     "Transformer",
     "TransformerOutput",
     "SparseDecode",
@@ -99,12 +102,135 @@ DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
-# Fields that are sizes (TypeError unless int; head_dim and moe_d_ff may be None) and float
-# hyper-parameters (ValueError unless finite).
-_INT_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "head_dim",
-               "ffd_page_size", "ffd_bits", "num_experts", "experts_per_token", "num_shared_experts", "moe_d_ff")
-_FLOAT_FIELDS = ("rope_base", "norm_eps", "init_std", "ffd_kept_fraction", "load_balance_weight",
-                 "router_z_weight")  # ffd_delta may be inf (keep every page), not NaN
+# Fields that are sizes (TypeError unless int; head_dim may be None) and float hyper-parameters (ValueError
+# unless finite). The attention and MoE sections check their own fields.
+_INT_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "head_dim")
+_FLOAT_FIELDS = ("rope_base", "norm_eps", "init_std")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FFDConfig:
+    """Faster Flash Decoding settings of the "ffd" decode mode (`TransformerConfig.attention.ffd`).
+
+    Validated on construction (TypeError / ValueError naming the field, e.g. "attention.ffd.delta").
+
+    Attributes:
+      delta: FFD's threshold margin in log2 units (inf keeps every page; NaN rejected).
+      page_size: page size in tokens.
+      bits: key code width (2 or 4).
+      selector: the page selector: "top_delta" (FFD, through the kernel dispatcher), or the baselines
+        "top_k" (best pages by 2-bit scan maximum) and "quest" (best pages by per-page min/max key
+        bounds), which keep ``ceil(kept_fraction * full pages)`` pages per sequence and KV head.
+      kept_fraction: the budget selectors' kept fraction, in (0, 1].
+    """
+
+    delta: float = 5.0
+    page_size: int = 64
+    bits: int = 2
+    selector: str = "top_delta"
+    kept_fraction: float = 0.1
+
+    def __post_init__(self):
+        p = "attention.ffd."
+        for name in ("page_size", "bits"):
+            check_int(p + name, getattr(self, name))
+        check_finite(p + "kept_fraction", self.kept_fraction)
+        if math.isnan(self.delta):
+            raise ValueError(f"{p}delta must not be NaN (inf keeps every page); got {self.delta}")
+        if self.selector not in FFD_SELECTORS:
+            raise ValueError(f"{p}selector must be one of {FFD_SELECTORS}; got {self.selector!r}")
+        if not 0.0 < self.kept_fraction <= 1.0:
+            raise ValueError(f"{p}kept_fraction must be in (0, 1]; got {self.kept_fraction}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttentionConfig:
+    """How the decoder's attention reads its KV cache (`TransformerConfig.attention`).
+
+    Attributes:
+      decode: how one-token decode steps over the KV cache attend: "dense" (the reference
+        attention, the default), "kernel" (the split-K `pallas_kernels.decode_attention`
+        dispatcher) or "ffd" (Faster Flash Decoding through `pallas_kernels.ffd_decode` with the
+        settings in `ffd`: the cache is paged and its keys quantized on the fly each step, so this
+        is the method's semantics, not its speed). Prefill always uses dense attention.
+      kv_layout: axis order of the KV cache `init_cache` creates: "bskd" ([b, S, k, d]) or "bksd"
+        ([b, k, S, d]); None = `models.kv_cache.default_kv_layout()`, the order measured fastest on
+        the default backend ("bksd" on CPU). Every path reads the cache in the order it was
+        created in, so this changes speed, not results.
+      ffd: the "ffd" mode's settings (`FFDConfig`).
+    """
+
+    decode: str = "dense"
+    kv_layout: str | None = None
+    ffd: FFDConfig = FFDConfig()
+
+    def __post_init__(self):
+        if self.decode not in DECODE_ATTENTION:
+            raise ValueError(f"attention.decode must be one of {DECODE_ATTENTION}; got {self.decode!r}")
+        if self.kv_layout is not None and self.kv_layout not in attn_lib.KV_LAYOUTS:
+            raise ValueError(f"attention.kv_layout must be None or one of {attn_lib.KV_LAYOUTS}; "
+                             f"got {self.kv_layout!r}")
+        if not isinstance(self.ffd, FFDConfig):
+            raise TypeError(f"attention.ffd must be of type FFDConfig; got {type(self.ffd).__name__}")
+
+    @property
+    def resolved_kv_layout(self) -> str:
+        return default_kv_layout() if self.kv_layout is None else self.kv_layout
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    """The mixture-of-experts FFN of ``ffn_type="moe"`` (`TransformerConfig.moe`, see `models.moe`).
+
+    Types are checked on construction; ranges (`check`) only when the config's FFN is an MoE, so a
+    dense model ignores this section.
+
+    Attributes:
+      num_experts: routed experts E.
+      experts_per_token: top-k experts per token.
+      num_shared_experts: always-on experts added to the routed output.
+      d_ff: hidden width of each expert (None = `TransformerConfig.d_ff`).
+      router_renormalize: renormalize the top-k softmax probabilities to sum to 1 (else the raw
+        softmax-over-all-experts probabilities are the gates).
+      load_balance_weight: weight of the Switch/GShard load-balancing loss per layer.
+      router_z_weight: weight of the router z-loss per layer.
+      implementation: `pallas_kernels.grouped_matmul` implementation (None = best available: the
+        Pallas kernel on TPU/GPU, the XLA reference on CPU).
+    """
+
+    num_experts: int = 8
+    experts_per_token: int = 2
+    num_shared_experts: int = 0
+    d_ff: int | None = None
+    router_renormalize: bool = True
+    load_balance_weight: float = 0.01
+    router_z_weight: float = 0.001
+    implementation: str | None = None
+
+    def __post_init__(self):
+        for name in ("num_experts", "experts_per_token", "num_shared_experts", "d_ff"):
+            if getattr(self, name) is not None:
+                check_int(f"moe.{name}", getattr(self, name))
+        for name in ("load_balance_weight", "router_z_weight"):
+            check_finite(f"moe.{name}", getattr(self, name))
+
+    def check(self) -> None:
+        """Raises ValueError naming the field (e.g. "moe.experts_per_token") unless the ranges hold."""
+        if self.num_experts < 1:
+            raise ValueError(f"moe.num_experts must be >= 1 for ffn_type='moe'; got {self.num_experts}")
+        if not 1 <= self.experts_per_token <= self.num_experts:
+            raise ValueError(f"moe.experts_per_token must be in [1, moe.num_experts={self.num_experts}]; "
+                             f"got {self.experts_per_token}")
+        if self.num_shared_experts < 0:
+            raise ValueError(f"moe.num_shared_experts must be >= 0; got {self.num_shared_experts}")
+        if self.d_ff is not None and self.d_ff < 1:
+            raise ValueError(f"moe.d_ff must be >= 1 or None; got {self.d_ff}")
+        for name in ("load_balance_weight", "router_z_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"moe.{name} must be >= 0; got {getattr(self, name)}")
+        if self.implementation is not None and self.implementation not in gmm_kernel.IMPLEMENTATIONS:
+            raise ValueError(f"moe.implementation must be None or one of {gmm_kernel.IMPLEMENTATIONS}; "
+                             f"got {self.implementation!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -112,7 +238,10 @@ class TransformerConfig:
     """Shape and options of the decoder LM.
 
     Validated on construction: sizes must be ints (TypeError naming the field, e.g. for
-    `vocab_size=32.5`), float hyper-parameters finite, and ranges as below (ValueError).
+    `vocab_size=32.5`), float hyper-parameters finite, and ranges as below (ValueError). The
+    attention and MoE sections are nested frozen dataclasses that check their own fields
+    (messages name the path, e.g. "attention.ffd.delta"); change one with
+    ``dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, decode="ffd"))``.
 
     Attributes:
       vocab_size: number of token ids.
@@ -125,37 +254,12 @@ class TransformerConfig:
       rope_base: RoPE frequency base.
       norm_eps: RMSNorm epsilon.
       tie_embeddings: output projection = embedding transposed.
-      ffn_type: key into FFN_TYPES ("gated" = SwiGLU/GeGLU).
-      ffn_activation: "silu" or "gelu" for the gated FFN.
+      ffn_type: key into FFN_TYPES ("gated" = SwiGLU/GeGLU, "moe" = `models.moe.MoEFFN`).
+      ffn_activation: "silu" or "gelu" for the gated FFN (and the MoE experts).
       dtype: compute dtype ("float32" or "bfloat16"); parameters stay float32.
       init_std: std of the embedding init; other weights use 1/sqrt(fan_in).
-      kv_layout: axis order of the KV cache `init_cache` creates: "bskd" ([b, S, k, d]) or "bksd"
-        ([b, k, S, d]); None = `models.kv_cache.default_kv_layout()`, the order measured fastest on
-        the default backend ("bksd" on CPU). Every path reads the cache in the order it was
-        created in, so this changes speed, not results.
-      decode_attention: how one-token decode steps over the KV cache attend: "dense" (the
-        reference attention, the default), "kernel" (the split-K `pallas_kernels.decode_attention`
-        dispatcher) or "ffd" (Faster Flash Decoding through `pallas_kernels.ffd_decode`: the cache
-        is paged and its keys quantized on the fly each step, so this is the method's semantics,
-        not its speed). Prefill always uses dense attention.
-      ffd_delta: FFD's threshold margin in log2 units.
-      ffd_page_size: FFD's page size in tokens.
-      ffd_bits: FFD's key code width (2 or 4).
-      ffd_selector: the page selector of the "ffd" mode: "top_delta" (FFD, through the kernel
-        dispatcher), or the baselines "top_k" (best pages by 2-bit scan maximum) and "quest" (best
-        pages by per-page min/max key bounds), which keep ``ceil(ffd_kept_fraction * full pages)``
-        pages per sequence and KV head.
-      ffd_kept_fraction: the budget selectors' kept fraction, in (0, 1].
-      num_experts: MoE (ffn_type="moe"): routed experts E.
-      experts_per_token: MoE: top-k experts per token.
-      num_shared_experts: MoE: always-on experts added to the routed output.
-      moe_d_ff: MoE: hidden width of each expert (None = d_ff).
-      router_renormalize: MoE: renormalize the top-k softmax probabilities to sum to 1 (else the
-        raw softmax-over-all-experts probabilities are the gates).
-      load_balance_weight: MoE: weight of the Switch/GShard load-balancing loss per layer.
-      router_z_weight: MoE: weight of the router z-loss per layer.
-      moe_implementation: MoE: `pallas_kernels.grouped_matmul` implementation (None = best
-        available: the Pallas kernel on TPU/GPU, the XLA reference on CPU).
+      attention: KV-cache order and decode attention (`AttentionConfig`, with its `FFDConfig`).
+      moe: the MoE FFN's settings when ``ffn_type="moe"`` (`MoEConfig`).
     """
 
     vocab_size: int
@@ -172,21 +276,8 @@ class TransformerConfig:
     ffn_activation: str = "silu"
     dtype: str = "float32"
     init_std: float = 0.02
-    kv_layout: str | None = None
-    decode_attention: str = "dense"
-    ffd_delta: float = 5.0
-    ffd_page_size: int = 64
-    ffd_bits: int = 2
-    ffd_selector: str = "top_delta"
-    ffd_kept_fraction: float = 0.1
-    num_experts: int = 8
-    experts_per_token: int = 2
-    num_shared_experts: int = 0
-    moe_d_ff: int | None = None
-    router_renormalize: bool = True
-    load_balance_weight: float = 0.01
-    router_z_weight: float = 0.001
-    moe_implementation: str | None = None
+    attention: AttentionConfig = AttentionConfig()
+    moe: MoEConfig = MoEConfig()
 
     def __post_init__(self):
         for name in _INT_FIELDS:
@@ -194,8 +285,6 @@ class TransformerConfig:
                 check_int(f"TransformerConfig.{name}", getattr(self, name))
         for name in _FLOAT_FIELDS:
             check_finite(f"TransformerConfig.{name}", getattr(self, name))
-        if math.isnan(self.ffd_delta):
-            raise ValueError(f"TransformerConfig.ffd_delta must not be NaN (inf keeps every page); got {self.ffd_delta}")
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TransformerConfig.{name} must be >= 1; got {getattr(self, name)}")
@@ -214,41 +303,20 @@ class TransformerConfig:
             raise ValueError(f"ffn_activation must be one of {sorted(_ACTIVATIONS)}; got {self.ffn_activation!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16; got {self.dtype!r}")
-        if self.kv_layout is not None and self.kv_layout not in attn_lib.KV_LAYOUTS:
-            raise ValueError(f"kv_layout must be None or one of {attn_lib.KV_LAYOUTS}; got {self.kv_layout!r}")
-        if self.decode_attention not in DECODE_ATTENTION:
-            raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}; got {self.decode_attention!r}")
-        if self.ffd_selector not in FFD_SELECTORS:
-            raise ValueError(f"ffd_selector must be one of {FFD_SELECTORS}; got {self.ffd_selector!r}")
-        if not 0.0 < self.ffd_kept_fraction <= 1.0:
-            raise ValueError(f"ffd_kept_fraction must be in (0, 1]; got {self.ffd_kept_fraction}")
+        for name, cls in (("attention", AttentionConfig), ("moe", MoEConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"TransformerConfig.{name} must be of type {cls.__name__}; "
+                                f"got {type(getattr(self, name)).__name__}")
         if self.ffn_type == "moe":
-            self._check_moe()
-
-    def _check_moe(self):
-        if self.num_experts < 1:
-            raise ValueError(f"num_experts must be >= 1 for ffn_type='moe'; got {self.num_experts}")
-        if not 1 <= self.experts_per_token <= self.num_experts:
-            raise ValueError(f"experts_per_token must be in [1, num_experts={self.num_experts}]; "
-                             f"got {self.experts_per_token}")
-        if self.num_shared_experts < 0:
-            raise ValueError(f"num_shared_experts must be >= 0; got {self.num_shared_experts}")
-        if self.moe_d_ff is not None and self.moe_d_ff < 1:
-            raise ValueError(f"moe_d_ff must be >= 1 or None; got {self.moe_d_ff}")
-        for name in ("load_balance_weight", "router_z_weight"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
-        if self.moe_implementation is not None and self.moe_implementation not in gmm_kernel.IMPLEMENTATIONS:
-            raise ValueError(f"moe_implementation must be None or one of {gmm_kernel.IMPLEMENTATIONS}; "
-                             f"got {self.moe_implementation!r}")
+            self.moe.check()
 
     @property
     def resolved_kv_layout(self) -> str:
-        return default_kv_layout() if self.kv_layout is None else self.kv_layout
+        return self.attention.resolved_kv_layout
 
     @property
     def resolved_moe_d_ff(self) -> int:
-        return self.d_ff if self.moe_d_ff is None else self.moe_d_ff
+        return self.d_ff if self.moe.d_ff is None else self.moe.d_ff
 
     @property
     def resolved_head_dim(self) -> int:
@@ -258,8 +326,9 @@ class TransformerConfig:
         """FFN weights per layer: all of them, or those one token multiplies (MoE: k + shared + router)."""
         if self.ffn_type != "moe":
             return 3 * self.d_model * self.d_ff
-        experts = (self.experts_per_token if active else self.num_experts) + self.num_shared_experts
-        return 3 * self.d_model * self.resolved_moe_d_ff * experts + self.d_model * self.num_experts
+        moe = self.moe
+        experts = (moe.experts_per_token if active else moe.num_experts) + moe.num_shared_experts
+        return 3 * self.d_model * self.resolved_moe_d_ff * experts + self.d_model * moe.num_experts
 
     @property
     def compute_dtype(self):
@@ -371,9 +440,8 @@ class Attention(nnx.Module):
         self.wo = _param(rngs, (h, d, D), ("heads", "head_dim", "embed"), 1 / math.sqrt(h * d))
         self.rope_base = config.rope_base
         self.dtype = config.compute_dtype
-        self.decode_mode = config.decode_attention
-        self.ffd = (config.ffd_delta, config.ffd_page_size, config.ffd_bits, config.ffd_selector,
-                    config.ffd_kept_fraction)
+        self.decode_mode = config.attention.decode
+        self.ffd = config.attention.ffd
 
     def __call__(
         self,
@@ -439,13 +507,13 @@ class Attention(nnx.Module):
         """One query per sequence over its cache, through the configured kernel dispatcher."""
         if self.decode_mode == "kernel":
             return decode_kernel.decode_attention(q, k, v, lengths, kv_layout=kv_layout)
-        delta, page_size, bits, selector, fraction = self.ffd
-        cache = ffd_lib.build_cache(k, v, lengths, page_size=page_size, bits=bits, layout=kv_layout)
-        if selector == "top_delta":
-            out = ffd_kernel.ffd_decode(q, cache, delta=float(delta))
+        ffd = self.ffd
+        cache = ffd_lib.build_cache(k, v, lengths, page_size=ffd.page_size, bits=ffd.bits, layout=kv_layout)
+        if ffd.selector == "top_delta":
+            out = ffd_kernel.ffd_decode(q, cache, delta=float(ffd.delta))
         else:
-            budget = jnp.ceil(fraction * cache.full_pages).astype(jnp.int32)
-            select = ffd_lib.top_k_keep if selector == "top_k" else ffd_lib.quest_keep
+            budget = jnp.ceil(ffd.kept_fraction * cache.full_pages).astype(jnp.int32)
+            select = ffd_lib.top_k_keep if ffd.selector == "top_k" else ffd_lib.quest_keep
             out = ffd_lib.sparse_decode(q, cache, select(q, cache, budget))
         # Kept fraction of this step (an nnx.Intermediate: `nnx.pop(model, nnx.Intermediate)` reads it).
         self.sow(nnx.Intermediate, "ffd_kept_fraction", ffd_lib.kept_fraction(out.keep, cache))
@@ -590,7 +658,7 @@ class Transformer(nnx.Module):
         b, t = tokens.shape
         self._check_hooks(b, t, head_mask, head_deltas, residual_deltas)
         if router_biases is not None:
-            E = c.num_experts
+            E = c.moe.num_experts
             shapes = [(c.num_layers, E), (c.num_layers, b, E)]
             if c.ffn_type == "moe" and tuple(router_biases.shape) not in shapes:
                 raise ValueError(f"router_biases must have one of the shapes {shapes}; got {tuple(router_biases.shape)}")

@@ -32,6 +32,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.linalg
 
 from primitives import quantization as qz
 
@@ -44,10 +45,7 @@ def hadamard(d: int) -> np.ndarray:
     """The orthonormal Sylvester-Hadamard matrix of size ``d`` (a power of two), float32, symmetric."""
     if d < 1 or d & (d - 1):
         raise ValueError(f"d must be a power of two for a Hadamard rotation; got d={d}")
-    h = np.ones((1, 1), np.float64)
-    while h.shape[0] < d:
-        h = np.block([[h, h], [h, -h]])
-    return (h / np.sqrt(d)).astype(np.float32)
+    return (scipy.linalg.hadamard(d, dtype=np.float64) / np.sqrt(d)).astype(np.float32)
 
 
 @dataclasses.dataclass(frozen=True)

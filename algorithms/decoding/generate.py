@@ -13,7 +13,7 @@ static graph definition and its state, so it compiles once per (model
 structure, shapes, sampler, stop tokens). The model is rebuilt from that state
 inside each traced function (prefill, loop body), so a model that records
 `nnx.Intermediate` values during a decode step (e.g. FFD's kept fraction under
-`TransformerConfig(decode_attention="ffd")`) runs inside the loop.
+`TransformerConfig(attention=AttentionConfig(decode="ffd"))`) runs inside the loop.
 
 Greedy output equals re-running the full forward pass on the growing sequence
 and taking the argmax at every step (tested).

@@ -352,15 +352,15 @@ def _check_tokens(tokens, lengths, name="tokens"):
 
 
 def _zeros_delta(cfg, b):
-    return jnp.zeros((cfg.num_layers, b, cfg.num_experts), jnp.float32)
+    return jnp.zeros((cfg.num_layers, b, cfg.moe.num_experts), jnp.float32)
 
 
 def _check_delta(delta, cfg, b, name="delta"):
-    shape = (cfg.num_layers, b, cfg.num_experts)
+    shape = (cfg.num_layers, b, cfg.moe.num_experts)
     if delta is None:
         return _zeros_delta(cfg, b)
     delta = jnp.asarray(delta, jnp.float32)
-    if delta.shape == (cfg.num_layers, cfg.num_experts):
+    if delta.shape == (cfg.num_layers, cfg.moe.num_experts):
         delta = jnp.broadcast_to(delta[:, None], shape)
     if delta.shape != shape:
         raise ValueError(f"{name} must be [L, b, E]={shape} or [L, E]; got {delta.shape}")
@@ -398,7 +398,7 @@ def layer_confidence(model, tokens, lengths, *, delta=None, kind: str = "topk_ma
     graphdef, state, cfg = _split(model)
     tokens, lengths = _check_tokens(tokens, lengths)
     delta = _check_delta(delta, cfg, tokens.shape[0])
-    return _confidence(graphdef, state, tokens, lengths, delta, kind=kind, k=cfg.experts_per_token)
+    return _confidence(graphdef, state, tokens, lengths, delta, kind=kind, k=cfg.moe.experts_per_token)
 
 
 def context_loss(model, tokens, lengths, delta=None) -> jax.Array:
@@ -422,7 +422,7 @@ def _layer_mask(model, config, tokens, lengths, delta, key):
         if key is None:
             raise ValueError("layers='random' needs a PRNG key; pass key=")
         return random_layers(key, b, L, config.rho)
-    scores = _confidence(graphdef, state, tokens, lengths, delta, kind=config.confidence, k=cfg.experts_per_token)
+    scores = _confidence(graphdef, state, tokens, lengths, delta, kind=config.confidence, k=cfg.moe.experts_per_token)
     return select_layers(scores, config.rho)[1].T
 
 

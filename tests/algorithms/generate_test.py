@@ -10,7 +10,7 @@ from flax import nnx
 from scipy import stats
 
 from algorithms.decoding import generate
-from models import Transformer, TransformerConfig
+from models import AttentionConfig, FFDConfig, Transformer, TransformerConfig
 from primitives.sampling import Sampler
 
 VOCAB = 13
@@ -52,7 +52,8 @@ def test_greedy_is_identical_for_both_kv_cache_layouts(model):
     # The fixture's cache is the CPU default (head-major "bksd", checked against naive recomputation
     # above); the same weights with a token-major cache must generate the same tokens.
     assert model.config.resolved_kv_layout == "bksd"
-    other = Transformer(dataclasses.replace(model.config, kv_layout="bskd"), rngs=nnx.Rngs(0))
+    token_major = AttentionConfig(kv_layout="bskd")
+    other = Transformer(dataclasses.replace(model.config, attention=token_major), rngs=nnx.Rngs(0))
     prompts = np.random.default_rng(1).integers(0, VOCAB, (3, 5)).astype(np.int32)
     lengths = np.array([5, 2, 4])
     a = generate(model, prompts, prompt_lengths=lengths, max_new_tokens=6)
@@ -130,15 +131,16 @@ def test_prefill_unembeds_only_the_last_prompt_token(model, full_logits):
 @pytest.mark.parametrize("delta, equal", [(float("inf"), True), (0.0, False)])
 def test_generate_with_ffd_decode(delta, equal):
     """FFD decode runs inside the compiled loop; keeping every page gives dense decoding's tokens."""
-    def lm(**kw):
+    def lm(decode="dense", delta=5.0):
+        attention = AttentionConfig(decode=decode, ffd=FFDConfig(page_size=4, delta=delta))
         cfg = TransformerConfig(vocab_size=VOCAB, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=48,
-                                head_dim=16, ffd_page_size=4, **kw)
+                                head_dim=16, attention=attention)
         return Transformer(cfg, rngs=nnx.Rngs(0))
 
     prompts = jnp.asarray(np.random.default_rng(4).integers(0, VOCAB, (2, 13)), jnp.int32)
     lengths = jnp.array([13, 10])
     dense = generate(lm(), prompts, prompt_lengths=lengths, max_new_tokens=6)
-    ffd = generate(lm(decode_attention="ffd", ffd_delta=delta), prompts, prompt_lengths=lengths, max_new_tokens=6)
+    ffd = generate(lm(decode="ffd", delta=delta), prompts, prompt_lengths=lengths, max_new_tokens=6)
     if equal:
         np.testing.assert_array_equal(ffd.tokens, dense.tokens)
     else:   # delta=0 drops every page below the reference maximum: this untrained model's tokens change

@@ -27,9 +27,9 @@ def record_case():
 
 def test_ffd_copy_has_the_same_weights_and_dense_logits(record_case):
     model, prompts, *_ = record_case
-    copy = exp.with_decode(model, decode_attention="ffd", ffd_page_size=PAGE, ffd_delta=2.0)
-    assert copy.config.decode_attention == "ffd" and copy.config.ffd_page_size == PAGE
-    assert model.config.decode_attention == "dense"  # the original is untouched
+    copy = exp.with_decode(model, "ffd", page_size=PAGE, delta=2.0)
+    assert copy.config.attention.decode == "ffd" and copy.config.attention.ffd.page_size == PAGE
+    assert model.config.attention.decode == "dense"  # the original is untouched
     np.testing.assert_array_equal(np.asarray(copy(prompts).logits), np.asarray(model(prompts).logits))
 
 
@@ -39,7 +39,7 @@ def test_decode_loop_equals_generate_and_the_model_retrieves(record_case):
     np.testing.assert_array_equal(tokens, np.asarray(generate(model, prompts, max_new_tokens=ANSWER).tokens))
     np.testing.assert_array_equal(tokens, answers)
     assert kept.shape == (ANSWER - 1, model.config.num_layers) and np.all(kept == 1.0)  # dense: everything
-    ffd = exp.with_decode(model, decode_attention="ffd", ffd_page_size=PAGE, ffd_delta=5.0)
+    ffd = exp.with_decode(model, "ffd", page_size=PAGE, delta=5.0)
     ffd_tokens, ffd_kept = exp.decode(ffd, first, cache, ANSWER - 1)
     np.testing.assert_array_equal(ffd_tokens, np.asarray(generate(ffd, prompts, max_new_tokens=ANSWER).tokens))
     assert np.all((ffd_kept > 0) & (ffd_kept <= 1))
@@ -47,7 +47,7 @@ def test_decode_loop_equals_generate_and_the_model_retrieves(record_case):
 
 def test_ffd_with_infinite_delta_keeps_every_page_and_decodes_as_dense(record_case):
     model, _, answers, first, cache = record_case
-    ffd = exp.with_decode(model, decode_attention="ffd", ffd_page_size=PAGE, ffd_delta=math.inf)
+    ffd = exp.with_decode(model, "ffd", page_size=PAGE, delta=math.inf)
     tokens, kept = exp.decode(ffd, first, cache, ANSWER - 1)
     np.testing.assert_array_equal(tokens, answers)
     np.testing.assert_allclose(kept, 1.0)

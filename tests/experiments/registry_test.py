@@ -1,5 +1,6 @@
 """Catalog, registry, CLI and report: errors name what is wrong; the README table is the catalog's."""
 
+import dataclasses
 import json
 import pathlib
 import re
@@ -92,7 +93,20 @@ def test_cli_override_reaches_the_config(monkeypatch, tmp_path):
             "--operations", "+", "-"]
     assert cli.main(argv) == 0
     assert seen["config"].num_steps == 3 and seen["config"].operations == ("+", "-")
-    assert seen["config"].d_model == registry.get("lm_arithmetic").config("smoke").d_model
+    assert seen["config"].model.d_model == registry.get("lm_arithmetic").config("smoke").model.d_model
+
+
+def test_cli_overrides_nested_model_fields(monkeypatch, tmp_path):
+    """The model section is nested: `--model.d-model 48` changes that field and keeps the preset's others."""
+    seen = {}
+    monkeypatch.setattr(report, "run_experiment", lambda slug, preset, *, config, **kw: seen.update(config=config)
+                        or {"reproduced": True, "verdict": "ok", "wall_s": 0.0})
+    monkeypatch.setattr(report, "write_report", lambda d: pathlib.Path(d) / "REPORT.md")
+    argv = ["run", "lm_arithmetic", "--preset", "smoke", "--results-dir", str(tmp_path), "--model.d-model", "48"]
+    assert cli.main(argv) == 0
+    smoke = registry.get("lm_arithmetic").config("smoke")
+    assert seen["config"].model == dataclasses.replace(smoke.model, d_model=48)
+    assert dataclasses.replace(seen["config"], model=smoke.model) == smoke
 
 
 def test_report_collects_results(tmp_path):
@@ -102,6 +116,6 @@ def test_report_collects_results(tmp_path):
     d = tmp_path / "lm_arithmetic" / "smoke"
     d.mkdir(parents=True)
     (d / "result.json").write_text(json.dumps(fake))
-    text = report.write_report(tmp_path).read_text()
+    text = report.write_report(tmp_path, preset="smoke").read_text()
     assert "half right / ok" in text and "**no**" in text
     assert "![p.png](lm_arithmetic/smoke/p.png)" in text

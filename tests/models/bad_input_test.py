@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models.transformer import Transformer, TransformerConfig
+from models.transformer import AttentionConfig, FFDConfig, MoEConfig, Transformer, TransformerConfig
 
 SIZES = dict(vocab_size=11, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32)
 
@@ -43,6 +43,24 @@ CASES = [
                  id="config-nan-rope_base"),
     pytest.param(lambda: config(norm_eps=float("inf")), ValueError,
                  r"TransformerConfig\.norm_eps must be finite", id="config-inf-norm_eps"),
+    # The nested sections check their own fields; messages name the dotted path.
+    pytest.param(lambda: FFDConfig(delta=float("nan")), ValueError,
+                 r"attention\.ffd\.delta must not be NaN", id="config-nan-ffd-delta"),
+    pytest.param(lambda: FFDConfig(page_size=16.0), TypeError,
+                 r"attention\.ffd\.page_size must be an int; got 16\.0 \(float\)", id="config-float-ffd-page_size"),
+    pytest.param(lambda: FFDConfig(kept_fraction=0.0), ValueError,
+                 r"attention\.ffd\.kept_fraction must be in \(0, 1\]; got 0\.0", id="config-zero-ffd-kept_fraction"),
+    pytest.param(lambda: AttentionConfig(decode="sparse"), ValueError,
+                 r"attention\.decode must be one of \('dense', 'kernel', 'ffd'\); got 'sparse'",
+                 id="config-attention-decode"),
+    pytest.param(lambda: config(attention=AttentionConfig(kv_layout="sbkd")), ValueError,
+                 r"attention\.kv_layout must be None or one of", id="config-attention-kv_layout"),
+    pytest.param(lambda: config(ffn_type="moe", moe=MoEConfig(num_experts=2, experts_per_token=3)), ValueError,
+                 r"moe\.experts_per_token must be in \[1, moe\.num_experts=2\]; got 3", id="config-moe-top_k"),
+    pytest.param(lambda: MoEConfig(load_balance_weight=float("nan")), ValueError,
+                 r"moe\.load_balance_weight must be finite", id="config-nan-moe-load_balance_weight"),
+    pytest.param(lambda: config(attention={"decode": "ffd"}), TypeError,
+                 r"TransformerConfig\.attention must be of type AttentionConfig; got dict", id="config-attention-type"),
     # Token ids against the vocabulary, and their dtype.
     pytest.param(lambda: model()(jnp.array([[1, 11]])), ValueError,
                  r"tokens must be token ids in \[0, vocab_size=11\); got max 11", id="call-token-over-vocab"),

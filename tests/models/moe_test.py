@@ -10,20 +10,22 @@ import pytest
 from flax import nnx
 
 from algorithms import training as T
-from models import MoEFFN, Transformer, TransformerConfig, dense_moe_reference
+from models import MoEConfig, MoEFFN, Transformer, TransformerConfig, dense_moe_reference
 
 VOCAB, L, E = 19, 2, 4
 
 
-def moe_config(**overrides):
+def moe_config(moe: dict | None = None, **overrides):
+    """The test MoE LM's config; ``moe`` overrides fields of its `MoEConfig` section."""
+    section = MoEConfig(**(dict(num_experts=E, experts_per_token=2, d_ff=24) | (moe or {})))
     base = dict(vocab_size=VOCAB, d_model=32, num_layers=L, num_heads=4, num_kv_heads=2, d_ff=48, ffn_type="moe",
-                num_experts=E, experts_per_token=2, moe_d_ff=24)
+                moe=section)
     return TransformerConfig(**(base | overrides))
 
 
 @pytest.fixture(scope="module")
 def model():
-    return Transformer(moe_config(num_shared_experts=1), rngs=nnx.Rngs(0))
+    return Transformer(moe_config(moe=dict(num_shared_experts=1)), rngs=nnx.Rngs(0))
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def _forward(graphdef, state, tokens, biases=None, cache=None):
 
 @pytest.mark.parametrize("renormalize, shared, bias", [(True, 1, None), (True, 0, "shared"), (False, 1, "per_row")])
 def test_moe_ffn_equals_dense_all_experts_reference(renormalize, shared, bias):
-    ffn = MoEFFN(moe_config(router_renormalize=renormalize, num_shared_experts=shared), rngs=nnx.Rngs(1))
+    ffn = MoEFFN(moe_config(moe=dict(router_renormalize=renormalize, num_shared_experts=shared)), rngs=nnx.Rngs(1))
     x = jax.random.normal(jax.random.key(2), (2, 7, 32))
     bias = {None: None, "shared": jnp.array([0.5, -1.0, 0.0, 2.0]),
             "per_row": jax.random.normal(jax.random.key(3), (2, E))}[bias]
@@ -78,7 +80,7 @@ def test_aux_entries_and_zero_bias_is_bitwise_identity(model, tokens):
 
 def test_router_bias_gradient_nonzero_and_sums_to_zero(tokens):
     # Raw softmax gates (OLMoE style); the renormalized case is covered in tests/primitives/routing_test.py.
-    model = Transformer(moe_config(router_renormalize=False), rngs=nnx.Rngs(4))
+    model = Transformer(moe_config(moe=dict(router_renormalize=False)), rngs=nnx.Rngs(4))
     graphdef, state = nnx.split(model)
     before = jax.tree.map(np.asarray, state)
 
@@ -117,7 +119,7 @@ def test_pallas_interpret_path_equals_xla_path(tokens):
     cfg = moe_config(num_layers=1)
     ref_model = Transformer(cfg, rngs=nnx.Rngs(5))
     _, state = nnx.split(ref_model)
-    kern = Transformer(moe_config(num_layers=1, moe_implementation="pallas_triton"), rngs=nnx.Rngs(5))
+    kern = Transformer(moe_config(num_layers=1, moe=dict(implementation="pallas_triton")), rngs=nnx.Rngs(5))
     g_ref, _ = nnx.split(ref_model)
     g_kern, _ = nnx.split(kern)
     run = jax.jit(lambda g, st, t: nnx.merge(g, st)(t).logits, static_argnums=0)
@@ -125,7 +127,7 @@ def test_pallas_interpret_path_equals_xla_path(tokens):
 
 
 def test_tiny_moe_lm_loss_decreases_with_training():
-    cfg = moe_config(vocab_size=8, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, moe_d_ff=16)
+    cfg = moe_config(vocab_size=8, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, moe=dict(d_ff=16))
 
     def batch_fn(position):  # a learnable rule: next token = (token + 1) mod 8
         start = np.random.default_rng([1, position]).integers(0, 8, (8, 1))
@@ -141,7 +143,7 @@ def test_tiny_moe_lm_loss_decreases_with_training():
 
 
 def test_param_count_and_flops_and_config_checks():
-    cfg = moe_config(num_shared_experts=1)
+    cfg = moe_config(moe=dict(num_shared_experts=1))
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     count = sum(x.size for x in jax.tree.leaves(nnx.split(model, nnx.Param)[1]))
     assert cfg.num_params() == count
@@ -150,10 +152,11 @@ def test_param_count_and_flops_and_config_checks():
     extra = 3 * L * 32 * 24 * (2 + 1 - 1) + L * 32 * E
     assert cfg.flops_per_token(8) == dense.flops_per_token(8) + 6 * extra
     with pytest.raises(ValueError, match="experts_per_token"):
-        moe_config(experts_per_token=5)
-    with pytest.raises(ValueError, match="moe_implementation"):
-        moe_config(moe_implementation="cuda")
-    TransformerConfig(vocab_size=5, d_model=8, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=8, experts_per_token=99)
+        moe_config(moe=dict(experts_per_token=5))
+    with pytest.raises(ValueError, match="moe.implementation"):
+        moe_config(moe=dict(implementation="cuda"))
+    TransformerConfig(vocab_size=5, d_model=8, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=8,
+                      moe=MoEConfig(experts_per_token=99))
     with pytest.raises(ValueError, match="router_biases"):
         model(jnp.zeros((1, 3), jnp.int32), router_biases=jnp.zeros((L, E + 1)))
 

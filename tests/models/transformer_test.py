@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models import Transformer, TransformerConfig
+from models import AttentionConfig, FFDConfig, Transformer, TransformerConfig
 from models.kv_cache import truncate
 
 VOCAB = 23
@@ -28,7 +28,8 @@ def _forward(graphdef, state, tokens, cache=None, num_valid=None):
     dict(num_kv_heads=2),                      # GQA
     dict(num_kv_heads=1, tie_embeddings=True),  # MQA, tied embeddings
     dict(num_kv_heads=4, ffn_activation="gelu"),  # MHA
-    dict(num_kv_heads=2, kv_layout="bskd"),     # GQA, token-major cache (the CPU default is head-major)
+    # GQA, token-major cache (the CPU default is head-major)
+    dict(num_kv_heads=2, attention=AttentionConfig(kv_layout="bskd")),
 ], ids=["gqa", "mqa-tied", "mha-gelu", "gqa-bskd"])
 def model(request):
     return Transformer(tiny_config(**request.param), rngs=nnx.Rngs(0))
@@ -180,17 +181,18 @@ def test_model_works_in_nnx_tree_mode():
 
 @pytest.mark.parametrize("mode, overrides, atol", [
     ("kernel", {}, 1e-5),                                            # split-K decode dispatcher
-    ("ffd", {"ffd_delta": float("inf"), "ffd_page_size": 4}, 1e-4),  # every page kept: exact
-    ("ffd", {"ffd_delta": 0.0, "ffd_page_size": 4}, None),          # sparse: close, not equal
-    ("ffd", {"ffd_selector": "quest", "ffd_kept_fraction": 1.0, "ffd_page_size": 4}, 1e-4),  # baseline, all pages
+    ("ffd", {"ffd": FFDConfig(delta=float("inf"), page_size=4)}, 1e-4),  # every page kept: exact
+    ("ffd", {"ffd": FFDConfig(delta=0.0, page_size=4)}, None),          # sparse: close, not equal
+    ("ffd", {"ffd": FFDConfig(selector="quest", kept_fraction=1.0, page_size=4)}, 1e-4),  # baseline, all pages
     # the other cache axis order (the dense model keeps the default): switching order changes nothing
     ("dense", {"kv_layout": "bskd"}, 1e-5),
     ("kernel", {"kv_layout": "bskd"}, 1e-5),
-    ("ffd", {"ffd_delta": float("inf"), "ffd_page_size": 4, "kv_layout": "bskd"}, 1e-4),
+    ("ffd", {"ffd": FFDConfig(delta=float("inf"), page_size=4), "kv_layout": "bskd"}, 1e-4),
 ])
 def test_decode_attention_routes_through_kernels(mode, overrides, atol):
     dense = Transformer(tiny_config(head_dim=16), rngs=nnx.Rngs(1))
-    routed = Transformer(tiny_config(head_dim=16, decode_attention=mode, **overrides), rngs=nnx.Rngs(1))
+    routed = Transformer(tiny_config(head_dim=16, attention=AttentionConfig(decode=mode, **overrides)),
+                         rngs=nnx.Rngs(1))
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, VOCAB, (2, 15)), jnp.int32)
     lengths = jnp.array([14, 9])
     outs = []

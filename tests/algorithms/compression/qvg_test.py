@@ -155,6 +155,15 @@ def test_hadamard_is_orthonormal_and_symmetric():
     np.testing.assert_array_equal(h, h.T)
 
 
+@pytest.mark.parametrize("d", [1, 2, 8, 64])
+def test_hadamard_equals_the_sylvester_recursion(d):
+    # scipy.linalg.hadamard replaced a hand-built Sylvester recursion; the matrix is the same.
+    h = np.ones((1, 1), np.float64)
+    while h.shape[0] < d:
+        h = np.block([[h, h], [h, -h]])
+    np.testing.assert_array_equal(kvb.hadamard(d), (h / np.sqrt(d)).astype(np.float32))
+
+
 @pytest.mark.parametrize("method", kvb.METHODS)
 def test_eight_bit_baselines_are_nearly_lossless_and_report_their_bits(method):
     t = kvb.quantize_kv(X, method, kind="key", bits=8, group_size=32, scale_dtype="float32",

@@ -10,15 +10,15 @@ import pytest
 from flax import nnx
 
 from algorithms.moe import rerouting as rr
-from models.transformer import Transformer, TransformerConfig
+from models.transformer import MoEConfig, Transformer, TransformerConfig
 
 L, E, V = 3, 4, 16
 
 
-def _model(**kw):
+def _model(k=2, **moe):
+    moe = MoEConfig(num_experts=E, experts_per_token=k, implementation="xla_tiled", **moe)
     cfg = TransformerConfig(vocab_size=V, d_model=16, num_layers=L, num_heads=2, num_kv_heads=1, d_ff=16,
-                            ffn_type="moe", num_experts=E, experts_per_token=kw.pop("k", 2),
-                            moe_implementation="xla_tiled", **kw)
+                            ffn_type="moe", moe=moe)
     return Transformer(cfg, rngs=nnx.Rngs(0))
 
 
