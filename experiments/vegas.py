@@ -63,7 +63,7 @@ from experiments import _long_context as lc
 from experiments import _plotting as plotting
 from experiments import registry, report
 from experiments.checks import Check
-from models.kv_cache import KVCache
+from models.kv_cache import KVCache, token_major
 
 DRAFTER_NAMES = ("vegas", "streaming", "quest")
 ABLATIONS = {"first_last": dict(rows="first_last"), "all": dict(rows="all"),
@@ -182,8 +182,11 @@ def _verify_info(c: Config, model, b: int, rows: int, key) -> vegas.VerifyInfo:
     k1, k2 = jax.random.split(key)
     scores = jax.random.normal(k1, (cfg.num_layers, b, cfg.num_heads, rows, s))
     lse = jax.nn.logsumexp(scores, axis=-1)
-    keys = jax.random.normal(k2, (cfg.num_layers, b, s, cfg.num_kv_heads, cfg.resolved_head_dim))
-    cache = KVCache(tuple(keys), tuple(keys), jnp.full((b,), c.context_len, jnp.int32))
+    # The cache in the model's own axis order, as the decoding loop hands it to the drafters.
+    layout = cfg.resolved_kv_layout
+    kv = (s, cfg.num_kv_heads) if layout == "bskd" else (cfg.num_kv_heads, s)
+    keys = jax.random.normal(k2, (cfg.num_layers, b, *kv, cfg.resolved_head_dim))
+    cache = KVCache(tuple(keys), tuple(keys), jnp.full((b,), c.context_len, jnp.int32), layout)
     valid = jnp.full((b,), c.context_len, jnp.int32)
     return vegas.VerifyInfo(scores, lse, tuple(range(rows)), jnp.zeros((b,), jnp.int32), valid, valid + 5,
                             jnp.full((b,), math.ceil(c.main_ratio * c.context_len), jnp.int32), cache)
@@ -208,7 +211,9 @@ def selection_cost(c: Config, model, b: int, gamma: int) -> dict:
             sel = dr.refresh(info, scale=scale)
 
             def step(_, q):
-                return None, [dr.select(sel, layer, q[layer], info.cache.keys[layer]) for layer in range(layers)]
+                # select sees the keys token-major, as the model passes them (a view it only reads the shape of)
+                return None, [dr.select(sel, layer, q[layer], token_major(info.cache.keys[layer], info.cache.layout))
+                              for layer in range(layers)]
 
             return jax.lax.scan(step, None, qs)[1]
 
