@@ -240,19 +240,13 @@ def _decode_formulations(h: int, kh: int, d: int, layout: str) -> dict:
     scale = 1.0 / math.sqrt(d)
     other = "bskd" if layout == "bksd" else "bksd"
 
-    def einsum(order):
+    def einsum(k_order, v_order):
         def f(q, k, v, n):
             qg = q.reshape(q.shape[0], kh, h // kh, d)
-            sc = jnp.einsum(f"bkgd,{order}->bkgs", qg, k) * scale
+            sc = jnp.einsum(f"bkgd,{k_order}->bkgs", qg, k) * scale
             sc = jnp.where(jnp.arange(sc.shape[-1]) < n[:, None, None, None], sc, -jnp.inf)
-            return jnp.einsum(f"bkgs,{order}->bkgd", jax.nn.softmax(sc, axis=-1), v).reshape(q.shape)
+            return jnp.einsum(f"bkgs,{v_order}->bkgd", jax.nn.softmax(sc, axis=-1), v).reshape(q.shape)
         return f
-
-    def einsum_kt(q, k, v, n):  # k: [b, k, d, s], v: [b, k, s, d]
-        qg = q.reshape(q.shape[0], kh, h // kh, d)
-        sc = jnp.einsum("bkgd,bkds->bkgs", qg, k) * scale
-        sc = jnp.where(jnp.arange(sc.shape[-1]) < n[:, None, None, None], sc, -jnp.inf)
-        return jnp.einsum("bkgs,bksd->bkgd", jax.nn.softmax(sc, axis=-1), v).reshape(q.shape)
 
     def split16(q, k, v, n):  # head-major cache
         b, s = q.shape[0], k.shape[2]
@@ -269,8 +263,8 @@ def _decode_formulations(h: int, kh: int, d: int, layout: str) -> dict:
 
     lib = lambda order: (lambda q, k, v, n: attn_ref.decode_attention(q, k, v, n, kv_layout=order))
     fns = {"library": (lib(layout), layout), f"library_{other}": (lib(other), other),
-           "einsum_bksd": (einsum("bksd"), "bksd"), "einsum_bskd": (einsum("bskd"), "bskd"),
-           "einsum_kT": (einsum_kt, "kT"), "split16_bksd": (split16, "bksd"), "read": (lambda q, k, v, n: jnp.sum(k) + jnp.sum(v), layout)}
+           "einsum_bksd": (einsum("bksd", "bksd"), "bksd"), "einsum_bskd": (einsum("bskd", "bskd"), "bskd"),
+           "einsum_kT": (einsum("bkds", "bksd"), "kT"), "split16_bksd": (split16, "bksd"), "read": (lambda q, k, v, n: jnp.sum(k) + jnp.sum(v), layout)}
     if jax.default_backend() == "gpu":
         fns["kernel"] = (lambda q, k, v, n: decode_api.decode_attention(
             q, k, v, n, implementation="pallas_triton", kv_layout=layout), layout)

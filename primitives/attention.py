@@ -48,6 +48,7 @@ __all__ = [
     "KV_LAYOUTS",
     "default_kv_layout",
     "kv_token_axis",
+    "kv_tokens_heads",
 ]
 
 # Axis orders of a key/value array: token-major [b, s, k, d] or head-major [b, k, s, d].
@@ -74,6 +75,12 @@ def kv_token_axis(layout: str) -> int:
     return 1 if layout == "bskd" else 2
 
 
+def kv_tokens_heads(shape: tuple[int, ...], layout: str) -> tuple[int, int]:
+    """(tokens s, key/value heads k) of a [b, s, k, d] ("bskd") or [b, k, s, d] ("bksd") array shape."""
+    axis = kv_token_axis(layout)
+    return shape[axis], shape[3 - axis]
+
+
 class AttentionOutput(NamedTuple):
     """Attention result with its softmax statistics.
 
@@ -94,11 +101,10 @@ def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array, kv_layout: str = "bskd"
             f"attention expects q [b, t, h, d], k and v [{', '.join(kv_layout)}]; got "
             f"q.shape={q.shape}, k.shape={k.shape}, v.shape={v.shape}"
         )
-    if kv_layout == "bksd":  # check the shapes in token-major order
-        k, v = (jax.ShapeDtypeStruct((x.shape[0], x.shape[2], x.shape[1], x.shape[3]), x.dtype) for x in (k, v))
     b, t, h, d = q.shape
-    bk, s, kh, dk = k.shape
-    if k.shape != v.shape[:3] + (dk,) or v.shape[:3] != (bk, s, kh):
+    (s, kh), (vs, vkh) = kv_tokens_heads(k.shape, kv_layout), kv_tokens_heads(v.shape, kv_layout)
+    bk, dk = k.shape[0], k.shape[3]
+    if (vs, vkh) != (s, kh) or v.shape[0] != bk:
         raise ValueError(f"k and v must agree on [b, s, k]; got k.shape={k.shape}, v.shape={v.shape}")
     if bk != b:
         raise ValueError(f"q and k batch sizes differ: q.shape={q.shape}, k.shape={k.shape}")
@@ -295,7 +301,7 @@ def decode_attention(
     if q.ndim != 3:
         raise ValueError(f"decode_attention expects q of shape [b, h, d]; got {q.shape}")
     if k_cache.ndim == 4:
-        check_lengths("lengths", lengths, k_cache.shape[kv_token_axis(kv_layout)])
+        check_lengths("lengths", lengths, kv_tokens_heads(k_cache.shape, kv_layout)[0])
     res = attention(q[:, None], k_cache, v_cache, kv_lengths=lengths, scale=scale, return_lse=True,
                     kv_layout=kv_layout)
     out, lse = res.out[:, 0], res.lse[..., 0]

@@ -64,7 +64,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from primitives.attention import AttentionOutput, combine_partials, decode_attention, kv_token_axis
+from primitives.attention import (AttentionOutput, combine_partials, decode_attention, kv_token_axis,
+                                  kv_tokens_heads)
 from primitives import quest
 
 __all__ = [
@@ -280,7 +281,7 @@ def build_cache(keys: jax.Array, values: jax.Array, lengths: jax.Array, *, page_
         raise ValueError(f"keys and values must be [{', '.join(layout)}] of one shape; got {keys.shape}, "
                          f"{values.shape}")
     b, d = keys.shape[0], keys.shape[3]
-    s, kh = keys.shape[token_axis], keys.shape[3 - token_axis]
+    s, kh = kv_tokens_heads(keys.shape, layout)
     if not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size must be a positive int, got {page_size!r}")
     if d % (8 // bits):

@@ -42,14 +42,13 @@ __all__ = ["decode_attention", "split_k_decode"]
 
 
 def _check(q, k, v, lengths, kv_layout):
-    token_axis = attn_ref.kv_token_axis(kv_layout)
     if q.ndim != 3 or k.ndim != 4 or v.shape != k.shape:
         raise ValueError(f"decode_attention expects q [b, h, d], k and v [{', '.join(kv_layout)}]; got "
                          f"q {q.shape}, k {k.shape}, v {v.shape}")
     b, h, d = q.shape
     if k.shape[0] != b or k.shape[3] != d:
         raise ValueError(f"q {q.shape} and k {k.shape} disagree on batch or head dim")
-    kh = k.shape[3 - token_axis]
+    kh = attn_ref.kv_tokens_heads(k.shape, kv_layout)[1]
     if h % kh:
         raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({kh})")
     if lengths.shape != (b,):
@@ -62,7 +61,7 @@ def _check_lengths_eagerly(jitted):
     @functools.wraps(jitted)
     def front(q, k, v, lengths, **kwargs):
         if getattr(k, "ndim", None) == 4:
-            check_lengths("lengths", lengths, k.shape[attn_ref.kv_token_axis(kwargs.get("kv_layout", "bskd"))])
+            check_lengths("lengths", lengths, attn_ref.kv_tokens_heads(k.shape, kwargs.get("kv_layout", "bskd"))[0])
         return jitted(q, k, v, lengths, **kwargs)
 
     return front
@@ -106,8 +105,7 @@ def decode_attention(
     """
     _check(q, k, v, lengths, kv_layout)
     b, h, d = q.shape
-    token_axis = attn_ref.kv_token_axis(kv_layout)
-    s, kh = k.shape[token_axis], k.shape[3 - token_axis]
+    s, kh = attn_ref.kv_tokens_heads(k.shape, kv_layout)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     impl = _backend.resolve_implementation(implementation)
     lengths = lengths.astype(jnp.int32)
@@ -162,7 +160,7 @@ def split_k_decode(
     """
     b, h, d = q.shape
     token_axis = attn_ref.kv_token_axis(kv_layout)
-    s, kh = cache[0].shape[token_axis], cache[0].shape[3 - token_axis]
+    s, kh = attn_ref.kv_tokens_heads(cache[0].shape, kv_layout)
     impl = implementation
     bs = block_sizes or DecodeBlockSizes.default(seq_len=s, batch=b, implementation=impl)
     bs.validate(impl)

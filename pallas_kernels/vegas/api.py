@@ -75,14 +75,14 @@ class VerifyOutput(NamedTuple):
 
 
 def _check_cache(name: str, q_heads: int, d: int, b: int, k: jax.Array, v: jax.Array, kv_layout: str) -> None:
-    token_axis = attn_ref.kv_token_axis(kv_layout)
     if k.ndim != 4 or v.shape != k.shape:
         raise ValueError(f"{name}: k and v must be [{', '.join(kv_layout)}] of the same shape; got k {k.shape}, "
                          f"v {v.shape}")
     if k.shape[0] != b or k.shape[3] != d:
         raise ValueError(f"{name}: q and k disagree on batch or head dim; got b={b}, d={d}, k {k.shape}")
-    if q_heads % k.shape[3 - token_axis]:
-        raise ValueError(f"{name}: query heads ({q_heads}) must be a multiple of KV heads ({k.shape[3 - token_axis]})")
+    kh = attn_ref.kv_tokens_heads(k.shape, kv_layout)[1]
+    if q_heads % kh:
+        raise ValueError(f"{name}: query heads ({q_heads}) must be a multiple of KV heads ({kh})")
 
 
 def _check_rows(rows: tuple[int, ...], t: int) -> tuple[int, ...]:
@@ -96,8 +96,7 @@ def verify_reference(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.
                      rows: tuple[int, ...], scale: float, kv_layout: str = "bskd") -> VerifyOutput:
     """Dense causal attention (`primitives.attention`) plus the raw score rows, all in float32."""
     b, t, h, d = q.shape
-    token_axis = attn_ref.kv_token_axis(kv_layout)
-    kh, s = k.shape[3 - token_axis], k.shape[token_axis]
+    s, kh = attn_ref.kv_tokens_heads(k.shape, kv_layout)
     res = attn_ref.attention(q, k, v, causal=True, q_positions=q_positions, scale=scale, return_lse=True,
                              kv_layout=kv_layout)
     qr = q[:, list(rows)].astype(jnp.float32).reshape(b, len(rows), kh, h // kh, d)
@@ -284,7 +283,7 @@ def sparse_decode_reference(q: jax.Array, k: jax.Array, v: jax.Array, indices: j
                             recent_start: jax.Array, lengths: jax.Array, *, max_recent: int,
                             scale: float, kv_layout: str = "bskd") -> attn_ref.AttentionOutput:
     """Dense attention over the whole cache with the boolean mask of the attended set (float32)."""
-    capacity = k.shape[attn_ref.kv_token_axis(kv_layout)]
+    capacity = attn_ref.kv_tokens_heads(k.shape, kv_layout)[0]
     mask = sparse_decode_mask(indices, valid, recent_start, lengths, capacity, max_recent)
     res = attn_ref.attention(q[:, None], k, v, mask=mask[:, None, None, :], scale=scale, return_lse=True,
                              kv_layout=kv_layout)
@@ -298,7 +297,7 @@ def _compact_rows(k, v, indices, valid, recent_start, lengths, *, max_recent: in
     past recent_start (the window covers them) and window slots at or past the length or the capacity.
     A "bksd" cache is gathered along its token axis (only the K + W rows move).
     """
-    b, s = k.shape[0], k.shape[attn_ref.kv_token_axis(kv_layout)]
+    b, s = k.shape[0], attn_ref.kv_tokens_heads(k.shape, kv_layout)[0]
     rows = jnp.arange(b)[:, None]
     window = recent_start[:, None] + jnp.arange(max_recent)[None, :]
     idx = jnp.concatenate([jnp.clip(indices, 0, s - 1), jnp.clip(window, 0, s - 1)], axis=1)  # [b, K + W]
@@ -407,7 +406,7 @@ def sparse_decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, indices: j
     else:
         _check_head_dim("sparse_decode_attention", q.shape[-1], impl)
         bs = block_sizes or SparseDecodeBlockSizes.default(num_keys=indices.shape[1] + max_recent, batch=q.shape[0],
-                                                           kv_heads=k.shape[3 - attn_ref.kv_token_axis(kv_layout)],
+                                                           kv_heads=attn_ref.kv_tokens_heads(k.shape, kv_layout)[1],
                                                            implementation=impl)
         if not isinstance(bs, SparseDecodeBlockSizes):
             raise ValueError(f"sparse_decode_attention: block_sizes must be a SparseDecodeBlockSizes; got "
