@@ -8,6 +8,8 @@ Public names:
   MoEFFN, dense_moe_reference: the mixture-of-experts FFN, registered as ffn_type "moe" (models.moe).
   InductionSpec, induction_lm: a long-context test LM with hand-set weights that copies spans
     exactly (models.induction; the Vegas and FFD workloads).
+  ViTConfig, ViT, ViTOutput, classification_loss: a Vision Transformer classifier with prunable
+    per-head widths and FFN / token hooks (models.vit; ToaSt).
 """
 
 from models.kv_cache import KVCache, init_cache
@@ -15,7 +17,9 @@ from models.transformer import (AttentionConfig, FFDConfig, MoEConfig, SparseDec
                                 TransformerOutput, register_ffn)
 from models.moe import MoEFFN, dense_moe_reference  # noqa: E402  (importing registers ffn_type "moe")
 from models.induction import InductionSpec, induction_lm
+from models.vit import ViT, ViTConfig, ViTOutput, classification_loss
 
 __all__ = ["KVCache", "init_cache", "Transformer", "TransformerConfig", "AttentionConfig", "FFDConfig", "MoEConfig",
            "TransformerOutput", "SparseDecode",
-           "register_ffn", "MoEFFN", "dense_moe_reference", "InductionSpec", "induction_lm"]
+           "register_ffn", "MoEFFN", "dense_moe_reference", "InductionSpec", "induction_lm",
+           "ViT", "ViTConfig", "ViTOutput", "classification_loss"]

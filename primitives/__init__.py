@@ -4,6 +4,7 @@ Modules:
   attention: reference attention (GQA/MQA, masks, RoPE, decode, log-sum-exp merge).
   confidence_sequences: normal-mixture confidence sequences (mixture martingale, boundary, stopping rule).
   conformal: split conformal prediction (absolute residual, CQR, APS / RAPS sets, interval stability).
+  corruptions: CIFAR-10-C style natural corruptions (noise, blur, digital, JPEG-like, elastic, fog), severities 0-5.
   drift_diffusion: first-passage times of a drift-diffusion model with signal-driven drift (IG, tangent, Volterra).
   ffd: Faster Flash Decoding reference: low-bit key pages, top-delta / top-k page selection, sparse decode.
   gaussian_sup: expected suprema of Gaussian vectors (quadrature, Monte Carlo, correlated variants).
