@@ -33,11 +33,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import pathlib
 import time
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import flax.linen as nn
+from etils import epath
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -337,6 +337,11 @@ def make_train_step(
     )
 
 
+def _is_remote(path: epath.Path) -> bool:
+    """Whether `path` names a remote filesystem (gs://, s3://, ...), which must not become a local path."""
+    return "://" in str(path)
+
+
 class Checkpointer:
     """Orbax checkpoints of a TrainState plus JSON metadata, in `directory`.
 
@@ -345,7 +350,10 @@ class Checkpointer:
     """
 
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 2):
-        self.directory = pathlib.Path(directory).absolute()
+        # epath keeps a remote directory (gs://...) remote; pathlib would make it a local path.
+        self.directory = epath.Path(directory)
+        if not _is_remote(self.directory):
+            self.directory = self.directory.absolute()
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
@@ -441,7 +449,8 @@ def fit(
       batch_fn: `position -> batch` of numpy arrays; deterministic in the
         position, so resuming continues the exact data stream.
       num_steps: total optimizer steps of the run.
-      workdir: where checkpoints go (`workdir/ckpt`); None = no checkpoints.
+      workdir: where checkpoints go (`workdir/ckpt`), local or remote (`gs://...`, through
+        `etils.epath`); None = no checkpoints.
       mesh_config: shard over a mesh (None = single default device).
       loss_fn: `(model, batch) -> (loss, metrics)`.
       seed: parameter init seed.
@@ -494,7 +503,7 @@ def fit(
 
     out = run_loop(
         step_fn, state, num_steps=num_steps, stop_after=stop_after,
-        checkpointer=None if workdir is None else Checkpointer(pathlib.Path(workdir) / "ckpt"),
+        checkpointer=None if workdir is None else Checkpointer(epath.Path(workdir) / "ckpt"),
         shardings=shardings, checkpoint_every=checkpoint_every,
         checkpoint_meta=lambda done: {"data_position": done}, fingerprint=fingerprint,
         log_every=log_every, row_fn=row_fn, progress=progress, desc=desc,

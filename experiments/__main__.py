@@ -29,51 +29,53 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import pathlib
+import os
 import re
 import sys
 
 from experiments import catalog, registry
 
 
-def _status(slug: str) -> str:
-    entry = registry.catalog_entry(slug)
-    if entry is None:
-        return "implemented" if slug in registry.implemented_slugs() else "planned"
-    return entry.status
+def cmd_list(args) -> int:
+    from experiments import report
 
-
-def cmd_list(_args) -> int:
     implemented = set(registry.implemented_slugs())
     print(f"{'slug':24s} {'status':12s} {'area':14s} title")
     for slug, title in registry.FOUNDATION.items():
         status = "implemented" if slug in implemented else "planned"
         print(f"{slug:24s} {status:12s} {'foundation':14s} {title}")
-    for e in catalog.CATALOG:
-        print(f"{e.slug:24s} {e.status:12s} {e.area:14s} {e.title}")
-    n_impl = sum(e.status != "planned" for e in catalog.CATALOG)
-    print(f"\n{len(catalog.CATALOG)} papers, {n_impl} implemented or verified; "
+    statuses = [report.paper_status(e, args.results_dir).status for e in catalog.CATALOG]
+    for e, status in zip(catalog.CATALOG, statuses):
+        print(f"{e.slug:24s} {status:12s} {e.area:14s} {e.title}")
+    n_impl = sum(s != "planned" for s in statuses)
+    n_ver = sum(s == "verified" for s in statuses)
+    print(f"\n{len(catalog.CATALOG)} papers, {n_impl} implemented, {n_ver} of them verified at the quick preset; "
           f"runnable experiments: {', '.join(sorted(implemented))}")
     return 0
 
 
-def markdown_table() -> str:
-    """The README's paper catalog table (kept in sync by a test)."""
+def markdown_table(results_dir: str | os.PathLike = "results") -> str:
+    """The README's paper catalog table (kept in sync by a test); status and "ours" come from the quick results."""
+    from experiments import report
+
     rows = ["| # | slug | paper | area | code | status | paper's result | ours (CPU scale) |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for i, e in enumerate(catalog.CATALOG, 1):
+        st = report.paper_status(e, results_dir)
         arxiv = f" ([arXiv {e.arxiv}](https://arxiv.org/abs/{e.arxiv}))" if e.arxiv else ""
-        rows.append(f"| {i} | `{e.slug}` | {e.short}{arxiv} | {e.area} | `{e.code}` | {e.status} | "
-                    f"{e.paper_result.replace('|', '/')} | {e.ours.replace('|', '/') or '-'} |")
+        rows.append(f"| {i} | `{e.slug}` | {e.short}{arxiv} | {e.area} | `{e.code}` | {st.status} | "
+                    f"{e.paper_result.replace('|', '/')} | {st.ours.replace('|', '/') or '-'} |")
     return "\n".join(rows)
 
 
 def cmd_catalog(args) -> int:
     if args.markdown:
-        print(markdown_table())
+        print(markdown_table(args.results_dir))
     else:
+        from experiments import report
+
         for e in catalog.CATALOG:
-            print(f"{e.slug}: {e.title} [{e.status}]")
+            print(f"{e.slug}: {e.title} [{report.paper_status(e, args.results_dir).status}]")
     return 0
 
 
@@ -180,15 +182,14 @@ def cmd_run(args, overrides: list[str]) -> int:
     summaries = []
     for slug in slugs:
         cfg = configs[slug]
-        workdir = pathlib.Path(args.workdir or report.default_workdir(slug, args.preset, cfg,
-                                                                      results_dir=args.results_dir))
+        workdir = args.workdir or report.default_workdir(slug, args.preset, cfg, results_dir=args.results_dir)
         print(f"==> {slug} [{args.preset}] in {workdir}", flush=True)
         result = report.run_experiment(slug, args.preset, results_dir=args.results_dir, config=cfg,
                                        workdir=workdir)
         mark = {True: "reproduced", False: "NOT reproduced", None: "no verdict"}[result["reproduced"]]
         devices = result.get("devices", "?")
         print(f"    {mark}: {result['verdict']}  ({result['wall_s']} s on {devices} device(s))", flush=True)
-        summaries.append(str(workdir / "summary.md"))
+        summaries.append(f"{workdir}/summary.md")
     if overrides or args.workdir is not None:
         # A run with overrides or its own workdir is not a preset's result: it keeps its own summary.md only.
         print(f"summary: {', '.join(summaries)}")
@@ -208,9 +209,12 @@ def cmd_report(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="list every paper and experiment with its status")
+    p_list = sub.add_parser("list", help="list every paper and experiment with its status")
     p_cat = sub.add_parser("catalog", help="print the paper catalog")
     p_cat.add_argument("--markdown", action="store_true", help="as the README's markdown table")
+    for p in (p_list, p_cat):
+        p.add_argument("--results-dir", default="results",
+                       help="where the quick results that decide 'verified' and the 'ours' column are")
     p_run = sub.add_parser("run", help="run experiments: a slug, a comma list, or 'all'", add_help=False,
                            epilog="Arguments after the slug that this parser does not know are config "
                                   "field overrides, e.g. --num-steps 100 (`run <slug> --help` lists them). "

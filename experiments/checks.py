@@ -17,7 +17,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-__all__ = ["Check", "Study", "verdict"]
+__all__ = ["Check", "Study", "verdict", "CAUSES"]
+
+# Why a claim did not reproduce (issue 33): the class an experiment names beside its reason. A run
+# returns it as ``run(...)["cause"]`` (None when reproduced); result.json and the README catalog show it.
+CAUSES = {
+    "scale": "scale limit (method right, setting too small)",
+    "check": "check stricter than the paper's statement",
+    "bug": "bug in our code",
+    "spec": "spec doubtful (the spec's inferred part; the paper says otherwise or nothing)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +89,7 @@ def _sentence(text: str) -> str:
 
 
 def verdict(checks: Sequence[Check], *, claim: str = "", context: str = "",
-            cause: str = "") -> tuple[str, bool]:
+            cause: str = "", cause_class: str | None = None) -> tuple[str, bool]:
     """Writes an experiment's verdict from its checks.
 
     The run reproduces the claim when every check with ``required=True`` passed; non-required checks
@@ -92,13 +101,16 @@ def verdict(checks: Sequence[Check], *, claim: str = "", context: str = "",
       checks: the run's checks, in the order they should be reported.
       claim: the paper's claim in a few words (the head of the sentence).
       context: the setting and scale of the run, numbers not covered by a check.
-      cause: why a failing run failed; written only when not reproduced.
+      cause: why a failing run failed, with the evidence; written only when not reproduced.
+      cause_class: a key of `CAUSES` naming the class of ``cause`` (the run also returns it as
+        ``"cause"`` so that result.json and the catalog show it); None when not yet classified.
 
     Returns:
       ``(sentence, reproduced)``.
 
     Raises:
-      ValueError: if ``checks`` holds no required check (nothing would decide the verdict).
+      ValueError: if ``checks`` holds no required check (nothing would decide the verdict), or
+        ``cause_class`` is not a key of `CAUSES`.
 
     Example:
         >>> checks = [Check("speedup", measured=1.8, paper="2x", threshold=">= 1.5", passed=True),
@@ -114,6 +126,8 @@ def verdict(checks: Sequence[Check], *, claim: str = "", context: str = "",
     for ch in checks:
         if not isinstance(ch, Check):
             raise TypeError(f"checks must be Check records, got {type(ch).__name__}")
+    if cause_class is not None and cause_class not in CAUSES:
+        raise ValueError(f"cause_class must be one of {sorted(CAUSES)} or None, got {cause_class!r}")
     required = [ch for ch in checks if ch.required]
     if not required:
         raise ValueError(f"verdict needs at least one required check, got {len(checks)} checks "
@@ -125,7 +139,12 @@ def verdict(checks: Sequence[Check], *, claim: str = "", context: str = "",
         parts.append(_sentence("; ".join(ch.line() for ch in checks)))
     if context.strip():
         parts.append(_sentence(context))
-    if not reproduced and cause.strip():
-        parts.append(_sentence(f"Cause: {cause.strip()}" if not cause.strip().lower().startswith("cause")
-                               else cause))
+    text = cause.strip()
+    if not reproduced and cause_class:
+        if text.lower().startswith("cause") and ":" in text[:60]:
+            text = text.split(":", 1)[1].strip()
+        label = f"Cause ({CAUSES[cause_class].split(' (')[0]})"
+        parts.append(_sentence(f"{label}: {text}" if text else label))
+    elif not reproduced and text:
+        parts.append(_sentence(text if text.lower().startswith("cause") else f"Cause: {text}"))
     return " ".join(parts), reproduced

@@ -8,8 +8,20 @@ Three studies (spec section 7 (d)):
 
 1. Accuracy: sup_t |F_hat(t) - F(t)| and int |f_hat - f| of the closed form against the Volterra
    integral equation (float64 ground truth, its own discretisation error reported from n vs n/2 points)
-   over thresholds a, for drift shapes whose times scale with a (step up/down, pulse, decay, transient
-   bump, sinusoid). Also the spec's numerical anchors (step 0.5 -> 1.0 at a/2, a = 3 and 8).
+   over thresholds a = 1 ... 256, for drift shapes whose times scale with a (step up/down, pulse, decay,
+   transient bump, sinusoid). Also the spec's numerical anchors (step 0.5 -> 1.0 at a/2, a = 3 and 8).
+
+   The statement tested is the spec's section 7: the paper derives a closed form "valid when a is large"
+   (7(a)), the tangent-line approximation being "asymptotically exact as a -> inf" (7(b)). On a finite
+   grid of a its observable consequence is an error that eventually decreases: for every shape and both
+   error measures, the error has its peak below the largest a and does not rise again past that peak
+   (beyond the resolution: the integral equation's own discretisation error, n vs n/2 points, plus the
+   float32 closed form's rounding, int |f_hat_32 - f_hat_64|, which is the floor of the step shapes'
+   density error, about 3e-7, at a >= 64), and the error at the largest a is below the peak by more
+   than that resolution (`high_threshold_trend`). Issue 33: the earlier rule (error at
+   a = 16 below a = 1 for every shape) sat on the sinusoid's hump (its period equals a, so its sup error
+   is 0.026 / 0.018 / 0.030 / 0.019 / 0.014 at a = 1 / 4 / 16 / 64 / 256): it asked for a decrease at a
+   fixed moderate a, which the asymptotic statement does not say.
 2. Optimal timing: tau* maximising the closed-form P(T <= H) (grid + autodiff refinement) against the
    Monte-Carlo optimum (bridge-corrected Euler, common random numbers over a tau grid); regret = the
    response probability lost by using tau*_approx, absolute and relative to the range over tau.
@@ -30,6 +42,7 @@ import dataclasses
 import functools
 import math
 import pathlib
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -62,7 +75,7 @@ class Config:
     # Which studies run (smoke skips the watch-time fit, whose compilation alone exceeds its budget).
     studies: tuple[str, ...] = ("accuracy", "timing", "watch_time")
     # 1. Accuracy against the integral equation.
-    accuracy_thresholds: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0)
+    accuracy_thresholds: tuple[float, ...] = (1.0, 4.0, 16.0, 64.0, 256.0)
     accuracy_shapes: tuple[str, ...] = SHAPES
     volterra_points: int = 3000
     anchors: bool = True
@@ -149,17 +162,26 @@ def _volterra_cdf(shape: str, a: float, t: np.ndarray) -> tuple[np.ndarray, np.n
     return np.concatenate([[0.0], np.cumsum(0.5 * (g[1:] + g[:-1]) * np.diff(t))]), g
 
 
+def _tangent_pdf64(a: float, t: np.ndarray, mu: np.ndarray, cum: np.ndarray) -> np.ndarray:
+    """The tangent-line density (spec 7(b), sigma = 1) in float64 numpy, clipped at 0 like `dd.tangent_pdf`."""
+    ts = np.where(t > 0, t, 1.0)
+    pref = a - cum + t * mu
+    f = pref / np.sqrt(2 * np.pi * ts ** 3) * np.exp(-(a - cum) ** 2 / (2 * ts))
+    return np.where((t > 0) & (pref > 0), f, 0.0)
+
+
 def accuracy_study(c: Config, bar) -> dict:
     rows = {}
     for shape in c.accuracy_shapes:
         rows[shape] = {"a": [], "sup_cdf_error": [], "l1_density_error": [], "reference_error": [],
-                       "approx_mass": [], "true_mass": [], "clipped_true_mass": []}
+                       "reference_l1_error": [], "closed_form_l1_error": [], "approx_mass": [], "true_mass": [],
+                       "clipped_true_mass": []}
         for a in c.accuracy_thresholds:
             t_max = 6.0 * a + 24.0
             n = c.volterra_points
             t = np.linspace(0.0, t_max, n + 1)
             F, g = _volterra_cdf(shape, a, t)
-            F_half, _ = _volterra_cdf(shape, a, t[::2])
+            F_half, g_half = _volterra_cdf(shape, a, t[::2])
             F_hat, f_hat = _approx_cdf_on_grid(shape, a, t)
             mu, cum = _drift_on_grid(shape, a, t)
             pref = a - cum + t * mu
@@ -169,12 +191,50 @@ def accuracy_study(c: Config, bar) -> dict:
             r["l1_density_error"].append(float(np.sum(0.5 * (np.abs(f_hat - g)[1:] + np.abs(f_hat - g)[:-1])
                                                       * np.diff(t))))
             r["reference_error"].append(float(np.max(np.abs(F[::2] - F_half))))
+            dg = np.abs(g[::2] - g_half)  # the density's discretisation error, on the coarse grid
+            r["reference_l1_error"].append(float(np.sum(0.5 * (dg[1:] + dg[:-1]) * np.diff(t[::2]))))
+            # The closed form's own float32 rounding (against the same formula in float64), its resolution.
+            df = np.abs(f_hat - _tangent_pdf64(a, t, mu, cum))
+            r["closed_form_l1_error"].append(float(np.sum(0.5 * (df[1:] + df[:-1]) * np.diff(t))))
             r["approx_mass"].append(float(F_hat[-1]))
             r["true_mass"].append(float(F[-1]))
             clipped = (pref < 0).astype(float) * g  # true density where the closed form is clipped to 0
             r["clipped_true_mass"].append(float(np.sum(0.5 * (clipped[1:] + clipped[:-1]) * np.diff(t))))
             bar.update(1)
     return rows
+
+
+def high_threshold_trend(errors, resolution) -> dict:
+    """Whether an error sequence over increasing thresholds a decreases past its peak (the high-threshold limit).
+
+    With e_k the error and r_k the reference's own error (its resolution) at the k-th threshold, and k* the
+    index of the largest e_k, the sequence passes when (i) k* is not the last threshold, (ii) no step after
+    the peak rises by more than the two references' resolution, e_{k+1} <= e_k + r_k + r_{k+1} for k >= k*,
+    and (iii) the error at the largest a is below the peak by more than that resolution,
+    e_last < e_{k*} - r_{k*} - r_last. Steps before the peak are free (a hump at moderate a is allowed by
+    an asymptotic statement).
+
+    Args:
+      errors: e, shape (K,) with K >= 2, over increasing thresholds.
+      resolution: r >= 0, shape (K,): the reference's error at the same thresholds.
+
+    Returns:
+      ``{"passed", "peak_index", "rises" (indices k + 1 of the rising steps after the peak),
+      "drop" (e_{k*} - e_last)}``.
+
+    Raises:
+      ValueError: if the shapes differ, K < 2, or a value is negative or not finite.
+    """
+    e, r = np.asarray(errors, np.float64), np.asarray(resolution, np.float64)
+    if e.ndim != 1 or e.shape[0] < 2 or r.shape != e.shape:
+        raise ValueError(f"errors and resolution must be 1-D of the same length >= 2; got shapes {e.shape}, {r.shape}")
+    if not (np.all(np.isfinite(e)) and np.all(np.isfinite(r)) and np.all(e >= 0) and np.all(r >= 0)):
+        raise ValueError(f"errors and resolution must be finite and >= 0; got {e.tolist()}, {r.tolist()}")
+    peak, last = int(np.argmax(e)), e.shape[0] - 1
+    rises = [k + 1 for k in range(peak, last) if e[k + 1] > e[k] + r[k] + r[k + 1]]
+    drop = float(e[peak] - e[last])
+    passed = peak < last and not rises and drop > r[peak] + r[last]
+    return {"passed": bool(passed), "peak_index": peak, "rises": rises, "drop": drop}
 
 
 def anchor_study() -> dict:
@@ -297,14 +357,67 @@ def watch_time_study(c: Config, key, bar) -> dict:
 STUDIES = ("accuracy", "timing", "watch_time")
 
 
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    out = []
+    acc = metrics.get("accuracy") or {}
+    if acc:
+        a = next(iter(acc.values()))["a"]
+        out.append(f"CDF error vs Volterra a={a[0]:g}->{a[-1]:g}: " + ", ".join(
+            f"{sh} {r['sup_cdf_error'][0]:.2g}->{r['sup_cdf_error'][-1]:.2g}" for sh, r in acc.items()))
+    if "timing_median_rel_regret_max_a" in metrics:
+        a_max = max(r["a"] for r in metrics["timing"])
+        out.append(f"timing regret {metrics['timing_median_rel_regret_max_a']:.0%} at a={a_max:g}")
+    if "nll_tangent" in metrics:
+        out.append(f"watch-time NLL {metrics['nll_tangent']:.3f} vs {metrics['nll_constant']:.3f} constant drift")
+    return "; ".join(out)
+
+
+def _cause(c: Config, accuracy: dict, metrics: dict, env: dict | None) -> tuple[str | None, str]:
+    """The cause class (a key of `experiments.checks.CAUSES`) and its evidence, from the failing studies.
+
+    Accuracy: the error still at its peak at the largest a is a scale limit (the grid of a ends on the hump);
+    an error that rises again past its peak contradicts the asymptotic statement for the reconstructed closed
+    form (spec). Timing: a regret shrinking with a (or one a only) is a scale limit, else spec. Watch time:
+    a scale limit when the closed form with the true parameters (oracle) beats the constant drift, else spec.
+    The first failing study names the class; the text lists every failing study.
+    """
+    found = []
+    if accuracy and not metrics.get("accuracy_ok", True):
+        for measure in ("sup_cdf_error", "l1_density_error"):
+            for sh, v in metrics[f"accuracy_trend_{measure}"].items():
+                if v["passed"]:
+                    continue
+                errs = "/".join(f"{x:.2g}" for x in accuracy[sh][measure])
+                at_end = v["peak_index"] == len(accuracy[sh]["a"]) - 1
+                found.append(("scale" if at_end and not v["rises"] else "spec",
+                              f"{sh} {measure} {errs} over a={accuracy[sh]['a']} "
+                              + ("peaks at the largest a" if at_end else f"rises past its peak at steps {v['rises']}")))
+    if "timing_ok" in metrics and not metrics["timing_ok"]:
+        lo, hi = metrics["timing_median_rel_regret_min_a"], metrics["timing_median_rel_regret_max_a"]
+        one_a = len(set(c.timing_thresholds)) == 1  # no trend over a to tell a scale limit from the spec's
+        found.append(("scale" if hi < lo or one_a else "spec",
+                      f"median relative timing regret {lo:.0%} at a={min(c.timing_thresholds):g} -> {hi:.0%} at "
+                      f"a={max(c.timing_thresholds):g}"
+                      + (f" (one threshold, {c.timing_paths} paths)" if one_a else "")))
+    if env is not None and not metrics.get("env_ok", True):
+        o, k = metrics["nll_oracle"], metrics["nll_constant"]
+        found.append(("scale" if o < k else "spec",
+                      f"watch-time NLL fitted {metrics['nll_tangent']:.3f}, oracle {o:.3f}, constant drift {k:.3f} "
+                      f"({c.num_users} users x {c.train_sessions} sessions)"))
+    if not found:
+        return None, ""
+    return found[0][0], "; ".join(f"{text} ({cls})" for cls, text in found)
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     unknown = [s for s in c.studies if s not in STUDIES]
     if unknown or not c.studies:
         raise ValueError(f"studies must be a non-empty subset of {STUDIES}; got {c.studies}")
     for shape in c.accuracy_shapes:
         _shape_spec(shape, 1.0)
-    if len(c.accuracy_thresholds) < 2:
-        raise ValueError(f"accuracy_thresholds needs >= 2 values; got {c.accuracy_thresholds}")
+    if len(c.accuracy_thresholds) < 2 or any(x >= y for x, y in zip(c.accuracy_thresholds, c.accuracy_thresholds[1:])):
+        raise ValueError(f"accuracy_thresholds needs >= 2 strictly increasing values; got {c.accuracy_thresholds}")
     key = jax.random.key(c.seed)
     k_timing, k_env = jax.random.split(key)
     n_timing = len(c.timing_thresholds) * len(c.timing_kernels) * len(c.timing_widths) * len(c.timing_horizons)
@@ -319,27 +432,32 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     checks, parts = [], []
     metrics = {"accuracy": accuracy, "anchors": anchors, "timing": timing, "watch_time": env}
     if accuracy:
-        # The error at the largest a is below the smallest a's for every shape, and strictly decreasing
-        # over the step-up sequence.
-        shrink = {s: r["sup_cdf_error"][-1] < r["sup_cdf_error"][0] for s, r in accuracy.items()}
-        step_err = accuracy["step_up"]["sup_cdf_error"] if "step_up" in accuracy else []
-        step_monotone = all(x > y for x, y in zip(step_err[:-1], step_err[1:]))
-        acc_txt = ", ".join(f"{sh} {r['sup_cdf_error'][0]:.2g}->{r['sup_cdf_error'][-1]:.2g}"
-                            for sh, r in accuracy.items())
-        not_shrinking = [k for k, v in shrink.items() if not v]
-        shrink_txt = "shrinks for every shape" if not not_shrinking else f"does NOT shrink for {not_shrinking}"
-        checks.append(Check(
-            f"closed-form FPT error vs the integral equation, sup|F_hat-F| from a={c.accuracy_thresholds[0]:g} "
-            f"to a={c.accuracy_thresholds[-1]:g}", measured=acc_txt,
-            paper="approximation exact in the high-threshold limit (error shrinks as a grows)",
-            threshold="error at the largest a < at the smallest a for every shape, and strictly decreasing "
-                      "over a for step_up",
-            passed=bool(all(shrink.values()) and step_monotone),
-            note=shrink_txt + ("" if step_monotone else "; step-up not monotone")))
+        # Spec 7(a)/(b): the closed form is "valid when a is large", "asymptotically exact as a -> inf":
+        # past its peak over the a grid the error falls, for every shape and both measures.
+        a_lo, a_hi = c.accuracy_thresholds[0], c.accuracy_thresholds[-1]
+        # Resolution: the integral equation's n vs n/2 error plus the closed form's float32 rounding.
+        for measure, ref_key, label in (("sup_cdf_error", "reference_error", "sup|F_hat-F|"),
+                                        ("l1_density_error", "reference_l1_error", "int|f_hat-f|")):
+            trend = {sh: high_threshold_trend(r[measure], np.add(r[ref_key], r["closed_form_l1_error"]))
+                     for sh, r in accuracy.items()}
+            failing = [sh for sh, v in trend.items() if not v["passed"]]
+            txt = ", ".join(
+                f"{sh} " + "/".join(f"{x:.2g}" for x in r[measure]) + f" (peak a={r['a'][trend[sh]['peak_index']]:g})"
+                for sh, r in accuracy.items())
+            checks.append(Check(
+                f"closed-form FPT error vs the integral equation, {label} over a={a_lo:g}..{a_hi:g}", measured=txt,
+                paper="closed form valid when a is large, asymptotically exact as a -> inf (spec 7(a), 7(b))",
+                threshold="for every shape: peak below the largest a, no rise past the peak and the largest a's "
+                          "error below the peak (both beyond the integral equation's n vs n/2 error plus the "
+                          "closed form's float32 rounding)",
+                passed=not failing,
+                note="decreases past its peak for every shape" if not failing else f"does NOT for {failing}"))
+            metrics[f"accuracy_trend_{measure}"] = trend
+        acc_checks = checks[-2:]
         if anchors:
             dev = max(v["max_abs_vs_spec_approx"] for v in anchors.values())
             parts.append(f"The spec's approximation anchors are matched to {dev:.1e}.")
-        metrics["accuracy_ok"] = checks[-1].passed
+        metrics["accuracy_ok"] = all(ch.passed for ch in acc_checks)
     if timing:
         a_max, a_min = max(c.timing_thresholds), min(c.timing_thresholds)
         rel_max = [r["rel_regret"] for r in timing if r["a"] == a_max]
@@ -376,9 +494,9 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                        crps_tangent=s["tangent"]["crps"], crps_constant=s["constant"]["crps"])
     skipped = [x for x in STUDIES if x not in c.studies]
     claim = "the tangent-line closed form approximates the FPT law, its optimal timing and watch time"
-    verdict, reproduced = verdict_from_checks(
-        checks, claim=claim, context=" ".join(parts),
-        cause="scale limit or a doubtful inferred spec part (the closed form is reconstructed from the abstract)")
+    cause_class, cause = _cause(c, accuracy, metrics, env)
+    verdict, reproduced = verdict_from_checks(checks, claim=claim, context=" ".join(parts), cause=cause,
+                                              cause_class=cause_class)
     if skipped:  # a partial run decides nothing: replace the head
         head = f"{'Reproduced' if reproduced else 'Not reproduced'}: {claim}."
         outcome = "no check failed" if reproduced else "some check failed"
@@ -394,7 +512,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         plots.append(_plot_watch_time(env, workdir))
     if anchors:
         plots.append(_plot_anchors(anchors, workdir))
-    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots}
+    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots,
+            "cause": None if reproduced or reproduced is None else cause_class}
 
 
 def _plot_accuracy(accuracy, workdir):
@@ -402,10 +521,11 @@ def _plot_accuracy(accuracy, workdir):
     for shape, r in accuracy.items():
         (line,) = ax1.loglog(r["a"], r["sup_cdf_error"], "o-", label=shape)
         ax1.loglog(r["a"], np.maximum(r["reference_error"], 1e-12), ":", color=line.get_color(), alpha=0.6)
-        ax2.loglog(r["a"], r["l1_density_error"], "o-", label=shape)
+        ax2.loglog(r["a"], r["l1_density_error"], "o-", label=shape, color=line.get_color())
+        ax2.loglog(r["a"], np.maximum(r["reference_l1_error"], 1e-12), ":", color=line.get_color(), alpha=0.6)
     ax1.set(xlabel="threshold a (times scale with a)", ylabel="sup |F_hat - F_volterra|",
             title="closed form vs integral equation\n(dotted: integral-equation n vs n/2)")
-    ax2.set(xlabel="threshold a", ylabel="int |f_hat - f|", title="density L1 error")
+    ax2.set(xlabel="threshold a", ylabel="int |f_hat - f|", title="density L1 error\n(dotted: n vs n/2)")
     ax1.legend(fontsize=7)
     return report.savefig(fig, workdir / "accuracy.png")
 
@@ -476,7 +596,8 @@ EXPERIMENT = registry.Experiment(
                                 timing_grid=9, timing_paths=1000, timing_dt=0.01, num_users=6, train_sessions=8,
                                 test_sessions=4, fit_iters=10, env_dt=0.05, progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(accuracy_thresholds=(1.0, 2.0, 4.0, 8.0, 16.0, 32.0), volterra_points=6000,
+        "paper": lambda: Config(accuracy_thresholds=(1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0),
+                                volterra_points=6000,
                                 timing_thresholds=(4.0, 16.0, 64.0), timing_kernels=("pulse", "decay", "transient"),
                                 timing_grid=101, timing_paths=50_000, timing_dt=0.0025, num_users=1000,
                                 train_sessions=100, test_sessions=50, fit_iters=1000),

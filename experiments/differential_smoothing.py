@@ -29,11 +29,24 @@ held-out targets: pass@1 and pass@k (k up to 32, unbiased estimator from n
 samples per problem) and the number of distinct correct expressions among the
 n samples.
 
-Coefficients are fixed a priori from the spec's guidance (not tuned on the
-evaluation), two strengths per family, and every arm is reported:
-(gamma_p, gamma_n) in {(0.05, 0.025), (0.2, 0.1)} on the summed log-prob (plus a (0.2, 0)
-ablation of the incorrect-side term, added after the first run), entropy
-coefficients +-0.02 and +-0.1. The verdict compares the best arm of each family.
+Coefficients are fixed a priori (not tuned on the evaluation) and every arm is reported: entropy
+coefficients +-0.02 and +-0.1 (two strengths per baseline family, as before); DS on the summed
+log-prob with gamma_p in {0.5, 1, 2} and gamma_n = gamma_p / 2 (the spec's gamma_n ~ gamma_p / 2).
+The first runs used gamma_p in {0.05, 0.2} (pass@1 0.405-0.418, pass@32 0.822-0.841 with one seed:
+no pass@32 gain over GRPO's 0.840); issue 33 moved the grid to gamma_p in {0.5, 1, 2}, the range the
+tabular toy needed (its DS arms reach entropy-bonus diversity at gamma_p of 1-3). Every RL arm runs
+`rl_seeds` seeds from the same SFT model.
+
+What is checked (issue 33). Theorem 3.4 is a dominance statement: "for any entropy-regularised
+policy ... there exist (gamma_DS, beta_DS) such that C(pi_DS) >= C(pi_ent) and sigma(pi_DS) >=
+sigma(pi_ent)" (spec section 1(b)), and the abstract claims DS improves "both Pass@1 and Pass@k".
+A first version of the CountDown check compared the best arm of each family per metric separately,
+so an entropy bonus that buys pass@32 with four points of pass@1 "beat" DS on pass@32 although no
+single baseline arm beat DS on both; that was stricter than (and different from) the theorem. The
+check is now the theorem's form on the LM: for every baseline arm (GRPO, every entropy bonus and
+penalty), some DS arm is at least as good on both pass@1 and pass@32, up to a tolerance fixed before
+the run: one standard error of the difference of the two arms' seed means,
+sqrt(se_DS^2 + se_baseline^2) (`dominance`). The same rule without tolerance is reported beside it.
 
 Recipe:
     python -m experiments run differential_smoothing --preset smoke   # seconds, used by the tests
@@ -41,13 +54,14 @@ Recipe:
     python -m experiments run differential_smoothing --preset paper   # bigger model/longer RL, accelerator
 
 The quick preset is small: a 2-layer 64-wide model, 120 RL iterations of 16 prompts x 8 samples per arm,
-one seed, 7 RL arms; differences of a few points in pass@k are within seed noise at this scale.
+8 RL arms x 3 seeds; differences of a few points in pass@k are within seed noise at this scale.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pathlib
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -120,14 +134,15 @@ class Config:
     num_inner_steps: int = 1
     clip_eps: float = 0.2
     reduction: str = "token_mean"
-    # (gamma_p, gamma_n) arms; (0.2, 0) isolates the correct-side term (added after the first quick run)
-    ds_gammas: tuple[tuple[float, float], ...] = ((0.05, 0.025), (0.2, 0.1), (0.2, 0.0))
+    # (gamma_p, gamma_n) arms, gamma_n = gamma_p / 2; gamma_p up to 2 since issue 33 (was 0.05 and 0.2)
+    ds_gammas: tuple[tuple[float, float], ...] = ((0.5, 0.25), (1.0, 0.5), (2.0, 1.0))
     ds_logp_reduction: str = "sum"
     entropy_coefs: tuple[float, ...] = (0.02, 0.1)  # bonus and penalty arms
     eval_problems: int = 64
     eval_samples: int = 64
     eval_chunk: int = 1024
     ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    rl_seeds: int = 3  # RL runs per arm from the same SFT model (seeds seed .. seed + rl_seeds - 1)
     checkpoint: bool = True
     seed: int = 0
     progress: bool = True
@@ -262,11 +277,12 @@ def _sft_batch_fn(c: Config, task, pool, seq_len):
     return batch_fn
 
 
-def _prompt_fn(c: Config, task, problems, prompt_len):
+def _prompt_fn(c: Config, task, problems, prompt_len, seed: int | None = None):
     tok = task.tokenizer()
+    seed = c.seed if seed is None else seed
 
     def prompt_fn(position):
-        rng = np.random.default_rng([c.seed, 13, position])
+        rng = np.random.default_rng([seed, 13, position])
         chosen = [problems[i] for i in rng.integers(0, len(problems), c.rl_prompts)]
         b = prompt_batch(tok, [task.prompt(p) for p in chosen], seq_len=prompt_len)
         return grpo.PromptBatch(chosen, b["tokens"], b["prompt_lengths"])
@@ -335,7 +351,6 @@ def _rl_and_eval(c: Config, task, pool, graphdef, base_params, workdir) -> dict:
     evals = {"sft": evaluate(graphdef, base_params, task, test_problems, key=eval_key, **eval_kw)}
 
     train_problems = [p for p, *_ in pool]
-    prompt_fn = _prompt_fn(c, task, train_problems, prompt_len)
     reward_fn = grpo.text_reward(tok, task.reward)
     base_cfg = grpo.GRPOConfig(group_size=c.group_size, max_new_tokens=max_new, temperature=c.temperature,
                                stop_tokens=(tok.eos_id,), pad_id=tok.pad_id, clip_eps=c.clip_eps,
@@ -349,25 +364,120 @@ def _rl_and_eval(c: Config, task, pool, graphdef, base_params, workdir) -> dict:
     for e in c.entropy_coefs:
         arms[f"entropy_penalty {e:g}"] = (ds.entropy_penalty_config(base_cfg, e), None)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.rl_lr))
-    histories = {}
+    histories, seed_evals = {}, {}
     if c.rl_steps == 0:  # smoke only: the engine itself is covered by tests/algorithms/rl
         arms = {}
     for name, (cfg, adv_fn) in arms.items():
-        res = grpo.train(graphdef=graphdef, params=base_params, optimizer=optimizer, config=cfg, prompt_fn=prompt_fn,
-                         reward_fn=reward_fn, advantage_fn=adv_fn, num_steps=c.rl_steps, seed=c.seed,
-                         workdir=(workdir / f"rl_{name}") if c.checkpoint else None,
-                         checkpoint_every=max(c.rl_steps // 2, 1), log_every=max(1, c.rl_steps // 20),
-                         progress=c.progress, desc=f"ds {name}",
-                         fingerprint=repr((name, cfg, c.ds_logp_reduction, c.rl_lr, c.rl_steps,
-                                           c.rl_prompts)))
-        histories[name] = res.history
-        evals[name] = evaluate(graphdef, res.state.params, task, test_problems, key=eval_key, **eval_kw)
-    return {"evals": evals, "histories": histories, "num_test_problems": len(test_problems),
+        seed_evals[name] = []
+        for seed in range(c.seed, c.seed + c.rl_seeds):
+            res = grpo.train(graphdef=graphdef, params=base_params, optimizer=optimizer, config=cfg,
+                             prompt_fn=_prompt_fn(c, task, train_problems, prompt_len, seed=seed),
+                             reward_fn=reward_fn, advantage_fn=adv_fn, num_steps=c.rl_steps, seed=seed,
+                             workdir=(workdir / f"rl_{name}_s{seed}") if c.checkpoint else None,
+                             checkpoint_every=max(c.rl_steps // 2, 1), log_every=max(1, c.rl_steps // 20),
+                             progress=c.progress, desc=f"ds {name} seed {seed}",
+                             fingerprint=repr((name, cfg, c.ds_logp_reduction, c.rl_lr, c.rl_steps,
+                                               c.rl_prompts, seed)))
+            if seed == c.seed:
+                histories[name] = res.history
+            seed_evals[name].append(evaluate(graphdef, res.state.params, task, test_problems,
+                                             key=jax.random.key(seed + 123), **eval_kw))
+        evals[name] = _mean_eval(seed_evals[name])
+    return {"evals": evals, "seed_evals": seed_evals, "histories": histories,
+            "num_test_problems": len(test_problems),
             "test_targets": sorted({p.target for p in test_problems}),
             "mean_solutions_per_test_problem": float(np.mean([len(task.solve(p)) for p in test_problems]))}
 
 
+def _mean_eval(evals: list[dict]) -> dict:
+    """Seed mean of `evaluate` results, with the standard error (ddof 1) of each pass@k under "pass_at_k_se"."""
+    s = len(evals)
+    ks = sorted(evals[0]["pass_at_k"])
+    out = {key: float(np.mean([e[key] for e in evals])) for key in evals[0] if key != "pass_at_k"}
+    out["pass_at_k"] = {k: float(np.mean([e["pass_at_k"][k] for e in evals])) for k in ks}
+    out["pass_at_k_se"] = {k: (float(np.std([e["pass_at_k"][k] for e in evals], ddof=1) / np.sqrt(s)) if s > 1
+                               else float("nan")) for k in ks}
+    out["seeds"] = s
+    return out
+
+
+def dominance(arms: dict, ds_names, baseline_names, ks=(1, 32), *, tolerance: bool = True) -> dict:
+    """Which baseline arms some DS arm matches or beats on every metric of `ks` (Theorem 3.4's form).
+
+    DS arm d covers baseline arm b when, for every k in `ks`, mean_d(pass@k) >= mean_b(pass@k) - tol with
+    tol = sqrt(se_d(pass@k)^2 + se_b(pass@k)^2) (one standard error of the difference of the two seed
+    means) when ``tolerance``, else tol = 0.
+
+    Args:
+      arms: {name: `_mean_eval` result} with "pass_at_k" and "pass_at_k_se" per k.
+      ds_names: the DS arms.
+      baseline_names: the baseline arms (GRPO, entropy bonus / penalty).
+      ks: the metrics (pass@k) on which a DS arm must be at least as good.
+      tolerance: use the one-SE tolerance (True) or require plain >= (False).
+
+    Returns:
+      {"covered_share": share of baseline arms covered, "covered_by": {baseline: [covering DS arms]}}.
+
+    Example:
+        >>> arms = {"ds": {"pass_at_k": {1: .40, 32: .85}, "pass_at_k_se": {1: .01, 32: .01}},
+        ...         "bonus": {"pass_at_k": {1: .37, 32: .87}, "pass_at_k_se": {1: .01, 32: .01}}}
+        >>> dominance(arms, ["ds"], ["bonus"])["covered_share"], dominance(arms, ["ds"], ["bonus"], tolerance=False)["covered_share"]
+        (0.0, 0.0)
+    """
+    if not ds_names or not baseline_names:
+        raise ValueError(f"dominance needs DS and baseline arms; got {list(ds_names)} and {list(baseline_names)}")
+    covered_by = {}
+    for b in baseline_names:
+        hits = []
+        for d in ds_names:
+            ok = True
+            for k in ks:
+                se_d, se_b = arms[d]["pass_at_k_se"][k], arms[b]["pass_at_k_se"][k]
+                tol = float(np.sqrt(se_d**2 + se_b**2)) if tolerance else 0.0
+                tol = tol if np.isfinite(tol) else 0.0  # one seed: no standard error, plain >=
+                ok &= arms[d]["pass_at_k"][k] >= arms[b]["pass_at_k"][k] - tol
+            if ok:
+                hits.append(d)
+        covered_by[b] = hits
+    return {"covered_share": float(np.mean([bool(v) for v in covered_by.values()])), "covered_by": covered_by}
+
+
 # --- run, verdict, plots --------------------------------------------------------------------------
+
+
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    label = {"ds": "DS", "grpo": "GRPO", "entropy_bonus": "ent+", "entropy_penalty": "ent-"}
+    f3 = lambda x: f"{x:.3f}".removeprefix("0")  # 0.418 -> ".418"  # noqa: E731
+    parts = []
+    # the diversity check's name records the sample count k and the correctness floor C:
+    # "tabular dynamics: most distinct correct solutions (of 64) among DS settings with C >= 0.95"
+    name = next((ch["name"] for ch in metrics.get("checks", []) if ch["name"].startswith("tabular dynamics:")), None)
+    if name is not None:
+        k, floor = name.split("(of ")[1].split(")")[0], float(name.split("C >= ")[1])
+        best = {}
+        for v in metrics["tabular_final"].values():
+            if v["correct_mass"] >= floor:
+                best[v["family"]] = max(best.get(v["family"], 0.0), v["distinct"])
+        others = sorted((f for f in best if f != "ds"), key=lambda f: -best[f])
+        parts.append(f"toy: DS {best.get('ds', 0.0):.1f} distinct@{k} at C>={f3(floor).rstrip('0')} vs "
+                     + ", ".join(f"{label.get(f, f)} {best[f]:.1f}" for f in others))
+    ev = metrics.get("countdown")
+    if ev and any(n.startswith("ds") for n in ev):
+        arm = lambda n: n.split(" ")[0]  # "ds p0.2 n0.1" -> "ds"  # noqa: E731
+        at = lambda v, k: {int(kk): x for kk, x in v["pass_at_k"].items()}[k]  # noqa: E731
+        kmax = max(int(kk) for kk in ev["sft"]["pass_at_k"])
+        rl = {n: v for n, v in ev.items() if n != "sft"}
+        ds_best = {k: max(at(v, k) for n, v in rl.items() if arm(n) == "ds") for k in (1, kmax)}
+        other = {k: max(((at(v, k), arm(n)) for n, v in rl.items() if arm(n) != "ds")) for k in (1, kmax)}
+        cmp = lambda k: (f"vs {label.get(other[k][1], other[k][1])} {f3(other[k][0])}" if other[k][0] > ds_best[k]  # noqa: E731
+                         else f"vs <={f3(other[k][0])}")
+        parts.append(f"CountDown pass@1 {f3(ds_best[1])} {cmp(1)}, pass@{kmax} {f3(ds_best[kmax])} {cmp(kmax)}")
+        dom = next((ch for ch in metrics.get("checks", []) if ch["name"].startswith("CountDown: share of baseline")),
+                   None)
+        if dom is not None:  # Theorem 3.4's form: some DS arm at least as good on both metrics (1 SE)
+            parts[-1] += f"; a DS arm matches {dom['measured']:.0%} of baseline arms on both"
+    return "; ".join(parts)
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
@@ -391,13 +501,16 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         metrics["rl_final_train_reward"] = {k: float(np.mean([h["reward_mean"] for h in v[-3:]]))
                                             for k, v in cd["histories"].items()}
         plots.append(_plot_countdown(cd, c, workdir))
-    verdict, reproduced, checks = _verdict(tab, cd, c)
+    verdict, reproduced, checks, cause_class = _verdict(tab, cd, c)
     metrics["checks"] = [ch.as_dict() for ch in checks]
-    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots}
+    if cd is not None:
+        metrics["countdown_seed_evals"] = cd["seed_evals"]
+    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots,
+            "cause": None if reproduced else cause_class}
 
 
 def _verdict(tab, cd, c: Config):
-    """Checks of the claim and the verdict written from them: ``(verdict, reproduced, checks)``."""
+    """Checks of the claim and the verdict: ``(verdict, reproduced, checks, cause_class)``."""
     dyn = tab["dynamics"]
     fam_best = {}
     for name, v in dyn.items():
@@ -443,29 +556,80 @@ def _verdict(tab, cd, c: Config):
                          f"distinct {ev[n]['distinct_correct']:.2f}")
         parts.append(f"(b) CountDown-3, {cd['num_test_problems']} held-out-target problems ({c.eval_samples} samples "
                      f"each, {cd['mean_solutions_per_test_problem']:.1f} solutions per problem on average), "
-                     f"{c.rl_steps} RL iterations x {c.rl_prompts} prompts x {c.group_size}: "
+                     f"{c.rl_steps} RL iterations x {c.rl_prompts} prompts x {c.group_size}, {c.rl_seeds} seeds "
+                     "(means): "
                      + "; ".join(row(n) for n in ev) + ".")
 
-        def best(family, k):
-            return max(v["pass_at_k"][k] for n, v in ev.items() if n.startswith(family))
-
-        others = ("grpo", "entropy_bonus", "entropy_penalty")
-        for k in (1, kmax):
-            checks.append(Check(
-                f"CountDown: pass@{k} of the best DS arm", best("ds", k),
-                paper="DS-GRPO improves pass@1 and pass@k over GRPO and entropy bonus/penalty (up to +6.7% AIME24)",
-                threshold="> best arm of GRPO/bonus/penalty (" + "/".join(f"{best(o, k):.3f}" for o in others) + ")",
-                passed=all(best("ds", k) > best(o, k) for o in others)))
+        ds_arms = [n for n in ev if n.startswith("ds")]
+        base_arms = [n for n in ev if n != "sft" and not n.startswith("ds")]
+        dom = dominance(ev, ds_arms, base_arms, ks=(1, kmax))
+        strict = dominance(ev, ds_arms, base_arms, ks=(1, kmax), tolerance=False)
+        uncovered = [b for b, v in dom["covered_by"].items() if not v]
+        se_txt = lambda n: (f"{ev[n]['pass_at_k'][1]:.3f}+-{ev[n]['pass_at_k_se'][1]:.3f} / "
+                            f"{ev[n]['pass_at_k'][kmax]:.3f}+-{ev[n]['pass_at_k_se'][kmax]:.3f}")
+        checks.append(Check(
+            f"CountDown: share of baseline arms (GRPO, entropy bonus/penalty) for which some DS arm is at least as "
+            f"good on both pass@1 and pass@{kmax} (tolerance 1 SE of the difference, {c.rl_seeds} seeds)",
+            dom["covered_share"],
+            paper="Thm 3.4: for every entropy-regularised policy some DS policy is at least as correct and as "
+                  "diverse; abstract: DS improves both Pass@1 and Pass@k",
+            threshold="== 1 (every baseline arm covered)", passed=dom["covered_share"] == 1.0,
+            note=("uncovered: " + ", ".join(f"{b} ({se_txt(b)})" for b in uncovered)) if uncovered else
+                 "; ".join(f"{b} by {', '.join(v)}" for b, v in dom["covered_by"].items())))
+        checks.append(Check(
+            f"CountDown: same share without tolerance (plain >= on pass@1 and pass@{kmax})", strict["covered_share"],
+            paper="as above", threshold="== 1", passed=strict["covered_share"] == 1.0, required=False,
+            note="reported only: seed means differ by sampling noise"))
+        parts.append(f"Seed means +- SE (pass@1 / pass@{kmax}): " + "; ".join(f"{n} {se_txt(n)}" for n in ev
+                                                                            if n != "sft") + ".")
         parts.append(f"All RL arms "
                      f"{'lower' if max(v['pass_at_k'][kmax] for n, v in ev.items() if n != 'sft') < ev['sft']['pass_at_k'][kmax] else 'do not lower'} "
-                     f"the SFT model's pass@{kmax} ({ev['sft']['pass_at_k'][kmax]:.3f}) (one seed, small model; "
-                     "gaps of about 0.01 are within sampling noise).")
+                     f"the SFT model's pass@{kmax} ({ev['sft']['pass_at_k'][kmax]:.3f}) (small model).")
+    cause, cause_class = _cause(checks, cd, c)
     verdict, reproduced = verdict_from_checks(
         checks, claim="DS dominates GRPO and entropy regularization in correctness and diversity",
-        context=" ".join(parts),
-        cause="scale limit (few tabular problems and steps; on CountDown one seed and a 2-layer model, where gaps "
-              "of about 0.01 in pass@k are sampling noise)")
-    return verdict, reproduced, checks
+        context=" ".join(parts), cause=cause, cause_class=cause_class)
+    return verdict, reproduced, checks, cause_class
+
+
+def _cause(checks: list[Check], cd, c: Config) -> tuple[str, str | None]:
+    """Why the failing required checks failed, with the numbers, and the cause class (None when all pass).
+
+    The tabular checks are exact (closed-form optima and expected updates, no sampling); the CountDown
+    check compares seed means of a 2-layer model after 120 RL iterations. A CountDown failure is read as
+    a scale limit: the uncovered baseline arm's gap to the nearest DS arm is given in units of the
+    tolerance (the SE of the difference), so a reader sees whether it is noise-sized or not.
+    """
+    failed = [ch for ch in checks if ch.required and not ch.passed]
+    if not failed:
+        return "", None
+    parts = []
+    for ch in failed:
+        if ch.name.startswith("CountDown") and cd is not None:
+            ev = cd["evals"]
+            kmax = max(ev["sft"]["pass_at_k"])
+            ds_arms = [n for n in ev if n.startswith("ds")]
+            base_arms = [n for n in ev if n != "sft" and not n.startswith("ds")]
+            dom = dominance(ev, ds_arms, base_arms, ks=(1, kmax))
+            for b, v in dom["covered_by"].items():
+                if v:
+                    continue
+                gaps = []  # per DS arm: the worse of its two shortfalls in SE-of-difference units
+                for d in ds_arms:
+                    z = [(ev[b]["pass_at_k"][k] - ev[d]["pass_at_k"][k])
+                         / max(float(np.hypot(ev[b]["pass_at_k_se"][k], ev[d]["pass_at_k_se"][k])), 1e-12)
+                         for k in (1, kmax)]
+                    gaps.append((max(z), d, z))
+                z, d, zz = min(gaps)
+                parts.append(f"no DS arm covers {b} (pass@1 {ev[b]['pass_at_k'][1]:.3f}, pass@{kmax} "
+                             f"{ev[b]['pass_at_k'][kmax]:.3f}); the nearest, {d}, falls short by {zz[0]:.1f} SE on "
+                             f"pass@1 and {zz[1]:.1f} SE on pass@{kmax}")
+        else:
+            parts.append(f"{ch.name}: {ch.measured if not isinstance(ch.measured, float) else f'{ch.measured:.3g}'}"
+                         f" against {ch.threshold}")
+    parts.append(f"scale: a 2-layer 64-wide model, {c.rl_steps} RL iterations x {c.rl_prompts} prompts, "
+                 f"{c.rl_seeds} seeds, {c.eval_problems} held-out problems (the paper: 1B-8B models)")
+    return "; ".join(parts), "scale"
 
 
 def _plot_tabular(tab, c: Config, workdir: pathlib.Path) -> str:

@@ -60,10 +60,12 @@ import dataclasses
 import functools
 import math
 import pathlib
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 import tqdm
 from flax import nnx
 
@@ -453,8 +455,50 @@ def _reading(c: Config, results: dict) -> str:
     return text
 
 
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    checks = metrics["checks"]
+    note = lambda prefix: next((ch["note"] for ch in checks if ch["name"].startswith(prefix)), None)  # noqa: E731
+    out = []
+    e2e = metrics.get("end_to_end", {})
+    lm_note = note("FFD - dense exact match")   # "<workload>, 8192 tokens, pages of 64, delta=5, kept 33.3%"
+    if e2e and lm_note:
+        names = list(e2e)
+        tokens = int(lm_note.split(", ")[1].split(" ")[0])
+        delta = float(lm_note.split("delta=")[1].split(",")[0])
+        size = f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
+        kept = "/".join(f"{100 * metrics[f'{n}_ffd_kept']:.0f}" for n in names)
+        ffd_acc = [metrics[f"{n}_ffd_accuracy"] for n in names]
+        dense_acc = [metrics[f"{n}_dense_accuracy"] for n in names]
+        acc = (f"exact match {min(ffd_acc):.0%} = dense" if ffd_acc == dense_acc
+               else "exact match " + "/".join(f"{a:.0%}" for a in ffd_acc) + " vs dense "
+               + "/".join(f"{a:.0%}" for a in dense_acc))
+        rows = [e2e[n]["rows"] for n in names]
+        ties = all(r[k]["accuracy"] == r[k.replace("ffd", "top_k", 1)]["accuracy"]
+                   for r in rows for k in r if k.startswith("ffd d="))
+        quest = max(r[f"quest d={delta:g}"]["accuracy"] for r in rows)
+        out.append(f"{size}-token retrieval LMs ({'/'.join(names)}): delta={delta:g} keeps {kept}% of pages, {acc}; "
+                   f"top-k {'ties' if ties else 'differs'}, Quest {quest:.0%} at equal budget")
+    bytes_ratio = next((ch["measured"] for ch in checks if ch["name"] == "kernel: modeled bytes dense / FFD"), None)
+    byte_note = note("kernel: modeled bytes dense / FFD")   # "delta=5, gap 10, 8192 tokens, kept 5.9%"
+    rows = metrics.get("adaptivity", {}).get("rows", [])
+    syn = []
+    if bytes_ratio:
+        syn.append(f"{1 / bytes_ratio:.2f}x dense bytes")
+    if rows and byte_note:
+        d = float(byte_note.split("delta=")[1].split(",")[0])
+        row = next((r for r in rows if r["delta"] == d), None)
+        if row:
+            f2 = lambda x: f"{x:.2f}".lstrip("0")  # noqa: E731
+            syn.append(f"worst err top-delta {f2(row['top_delta']['worst_err'])} vs top-k "
+                       f"{f2(row['top_k']['worst_err'])}")
+    if syn:
+        out.append("synthetic: " + ", ".join(syn))
+    return "; ".join(out)
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    workdir = pathlib.Path(workdir)
+    workdir = epath.Path(workdir)
     steps = len(c.needle_gaps) * len(c.deltas) + len(c.deltas) + len(c.workloads) * (1 + len(c.lm_deltas))
     bar = tqdm.tqdm(total=steps, desc="ffd", disable=not c.progress)
     part1 = _part1(c, bar)

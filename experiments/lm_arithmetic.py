@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
+from typing import Any, Mapping
 
 import numpy as np
 from flax import nnx
@@ -78,6 +79,15 @@ def exact_match(model: nnx.Module, task: ArithmeticTask, prompts: list[str], *, 
     max_answer = len(str(10 ** task.num_digits * 10 ** task.num_digits)) + 2
     tokens, _ = complete_prompts(model, tok, prompts, max_new_tokens=max_answer, chunk=batch_size)
     return np.array([task.is_correct(p, tok.decode(tokens[j])) for j, p in enumerate(prompts)])
+
+
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    hist = metrics["history"]
+    steps = f" after {hist[-1]['step']} steps" if hist else ""
+    return (f"held-out exact match {metrics['test_exact_match']:.1%} (train {metrics['train_exact_match']:.1%})"
+            f"{steps}; {metrics['num_params'] / 1e3:.0f}k params, {metrics['train_tokens_per_s']:,.0f} train "
+            f"tokens/s, MFU {metrics['mfu']:.1%}")
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:

@@ -21,13 +21,22 @@ Set-up (the spec's CPU plan, section 6(d) of `papers/specs/inference_moe.md`):
    and free-running greedy exact match of the continuation with continuous rerouting (re-fitted
    every `interval` generated tokens, KV cache recomputed). Exact match is reported on the
    deterministic continuations (copy and arithmetic answers); Markov text is judged by NLL.
+   The exact-match claim is judged on its own, larger set of shifted prompts (``em_prompts_per_family``
+   per shifted family, >= 500 copy/arithmetic answers at the quick preset) by a paired test of the
+   same prompts with and without rerouting: McNemar's exact test, the one-sided binomial tail of the
+   discordant pairs (`mcnemar_exact`), at the level ``em_alpha`` fixed before the run.
 5. Sweeps over optimiser steps (all layers vs selected layers: over-adaptation), learning rate and
    adaptation interval.
 
 Verdict: the paper's direction holds here if selected-layer rerouting lowers the continuation NLL
 on the shifted families on average, the gain is larger on shifted prompts than in distribution,
 the gain persists with a distracting earlier turn, and greedy exact match on the shifted
-copy/arithmetic answers rises above the base model. Whether it beats the retrieval baseline and
+copy/arithmetic answers rises above the base model. The paper's statement behind the last check:
+rerouting improves generation accuracy ("+5.5% HumanEval on OLMoE", spec section 6(c); the CPU plan
+6(d): "selected-layer TTA improves continuation NLL/accuracy over base"). Issue 33: the earlier rule,
+exact match strictly above base on 64 prompts (binomial SE about 0.05), decided on one prompt; the
+check now asks for a rise beyond chance, McNemar's one-sided exact p < ``em_alpha`` = 0.05 on >= 500
+paired prompts. Whether it beats the retrieval baseline and
 all-layer adaptation, and whether all-layer adaptation over-adapts at many steps, are reported
 separately.
 
@@ -41,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import time
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import jax
 import numpy as np
@@ -68,7 +77,11 @@ class Config:
       model: the MoE LM (`MoELMConfig`: width, layers, heads, expert width ``d_ff``, and its ``moe``
         section with ``num_experts`` and the top-k ``experts_per_token``); vocabulary from the task.
       seq_len, batch_size, train_steps, learning_rate: LM training on the domain mixture.
-      eval_per_family: prompts per evaluation family.
+      eval_per_family: prompts per evaluation family (NLL study, and exact match of every method).
+      em_prompts_per_family: prompts per shifted family of the paired exact-match test (base vs
+        selected-layer rerouting; only the copy/arithmetic answers count: all of unseen lengths and
+        interleaved, 2/3 of the distracting turns, none of the rare Markov domain).
+      em_alpha: one-sided level of McNemar's exact test that exact match rises above base.
       prompt_len, cont_len: token blocks of the prompt (BOS included) and the continuation.
       rho, steps, reroute_lr, interval, l2: rerouting settings (`RerouteConfig`) of every method.
       bank_size, num_neighbors: the retrieval baseline's training-document bank and neighbours.
@@ -84,6 +97,8 @@ class Config:
     train_steps: int = 600
     learning_rate: float = 3e-3
     eval_per_family: int = 24
+    em_prompts_per_family: int = 192
+    em_alpha: float = 0.05
     prompt_len: int = 40
     cont_len: int = 10
     rho: float = 0.5
@@ -101,8 +116,10 @@ class Config:
 
 
 def _validate(c: Config) -> None:
+    if not 0.0 < c.em_alpha < 1.0:
+        raise ValueError(f"em_alpha must be in (0, 1); got {c.em_alpha}")
     for name in ("seq_len", "batch_size", "train_steps", "eval_per_family",  # c.model checks its own fields
-                 "prompt_len", "cont_len", "bank_size", "num_neighbors", "interval"):
+                 "em_prompts_per_family", "prompt_len", "cont_len", "bank_size", "num_neighbors", "interval"):
         if getattr(c, name) < 1:
             raise ValueError(f"{name} must be >= 1; got {getattr(c, name)}")
     if c.num_neighbors > c.bank_size:
@@ -179,6 +196,57 @@ def _exact_match(gen: np.ndarray, data: dict) -> np.ndarray:
         truth = data["tokens"][i, P[i]:P[i] + n]
         em[i] = np.array_equal(gen[i, :n], truth)
     return em
+
+
+def mcnemar_exact(treated: np.ndarray, control: np.ndarray) -> dict:
+    """McNemar's exact test of paired binary outcomes: does ``treated`` succeed more often than ``control``?
+
+    Only the discordant pairs carry information: b = #(treated right, control wrong), c = #(treated wrong,
+    control right). Under the null of equal success probabilities, b | b + c ~ Binomial(b + c, 1/2); the
+    one-sided p-value is P(X >= b), the two-sided one min(1, 2 min(P(X >= b), P(X <= b))) (scipy's
+    ``binomtest``). With no discordant pair both are 1.
+
+    Args:
+      treated, control: bool, shape (n,), outcome of each prompt under either arm (same prompts, paired).
+
+    Returns:
+      ``{"n", "treated_rate", "control_rate", "treated_only" (b), "control_only" (c), "p_greater",
+      "p_less", "p_two_sided"}``.
+
+    Raises:
+      ValueError: if the shapes differ or are not 1-D and non-empty.
+    """
+    from scipy import stats
+
+    x, y = np.asarray(treated, bool), np.asarray(control, bool)
+    if x.ndim != 1 or x.shape != y.shape or x.size == 0:
+        raise ValueError(f"treated and control must be non-empty 1-D arrays of one shape; got {x.shape}, {y.shape}")
+    b, c = int(np.sum(x & ~y)), int(np.sum(~x & y))
+    if b + c == 0:
+        p_gt = p_lt = p_two = 1.0
+    else:
+        p_gt = float(stats.binomtest(b, b + c, 0.5, alternative="greater").pvalue)
+        p_lt = float(stats.binomtest(b, b + c, 0.5, alternative="less").pvalue)
+        p_two = float(stats.binomtest(b, b + c, 0.5, alternative="two-sided").pvalue)
+    return {"n": int(x.size), "treated_rate": float(x.mean()), "control_rate": float(y.mean()),
+            "treated_only": b, "control_only": c, "p_greater": p_gt, "p_less": p_lt, "p_two_sided": p_two}
+
+
+def _em_data(c: Config) -> dict:
+    """The paired exact-match set: the first ``em_prompts_per_family`` prompts of each shifted family (the NLL
+    set's prompts are its first ``eval_per_family``), keeping the deterministic (copy/arithmetic) answers."""
+    task = DomainTask(seed=c.seed)
+    examples, family = [], []
+    for f in SHIFTED:
+        ex = [e for e in task.eval_examples(f, c.em_prompts_per_family, seed=c.seed) if not e[2].startswith("markov")]
+        examples += ex
+        family += [f] * len(ex)
+    if not examples:
+        raise ValueError(f"the shifted families hold no copy/arithmetic prompt at em_prompts_per_family="
+                         f"{c.em_prompts_per_family}")
+    batch = task.eval_batch(examples, prompt_len=c.prompt_len, cont_len=c.cont_len)
+    batch["family"] = np.asarray(family)
+    return batch
 
 
 # The rerouting methods and the layers each adapts.
@@ -296,8 +364,9 @@ def nll_study(c: Config, s: _Setup, fit: _Prefill) -> Study:
 
 def generation_study(c: Config, s: _Setup, deltas: dict) -> Study:
     """Free-running greedy exact match on the shifted copy/arithmetic answers, with continuous rerouting
-    (re-fitted every `interval` generated tokens) for the rerouting modes and the prefill bias otherwise:
-    selected-layer rerouting above the base model."""
+    (re-fitted every `interval` generated tokens) for the rerouting modes and the prefill bias otherwise, on
+    the NLL set (context); the claim, selected-layer rerouting above the base model, is McNemar's exact test on
+    the paired set `_em_data` (``em_prompts_per_family`` prompts per shifted family)."""
     from algorithms.moe import rerouting as rr
 
     pl, data = s.data["prompt_lengths"], s.data
@@ -315,18 +384,36 @@ def generation_study(c: Config, s: _Setup, deltas: dict) -> Study:
     def em_txt(m):
         return float(np.mean(em[m][det & s.shifted]))
 
-    em_improves = em_txt(OURS) > em_txt("base")
+    # The claim's test: the same shifted copy/arithmetic prompts with and without rerouting (paired).
+    pdata = _em_data(c)
+    pprompts = _prompts(pdata, c)
+    base_gen = np.asarray(rr.decode(s.model, pprompts, pdata["prompt_lengths"], num_tokens=c.cont_len)[0])
+    ours_gen = rr.rerouted_generate(s.model, pprompts, pdata["prompt_lengths"], max_new_tokens=c.cont_len,
+                                    config=dataclasses.replace(s.reroute, layers=MODES[OURS]), key=s.key).tokens
+    em_base, em_ours = _exact_match(base_gen, pdata), _exact_match(ours_gen, pdata)
+    test = mcnemar_exact(em_ours, em_base)
+    test["by_family"] = {f: {"n": int(np.sum(pdata["family"] == f)),
+                             "base": float(np.mean(em_base[pdata["family"] == f])),
+                             "ours": float(np.mean(em_ours[pdata["family"] == f]))}
+                         for f in SHIFTED if np.any(pdata["family"] == f)}
+    em_improves = test["p_greater"] < c.em_alpha
     checks = [
-        Check(f"greedy exact match on the shifted copy/arithmetic answers, selected layers (re-fitted every "
-              f"{c.interval} tokens)", em_txt(OURS), paper="+5.5% HumanEval (generation)",
-              threshold=f"> base {em_txt('base'):.3f}", passed=em_improves),
+        Check(f"greedy exact match on {test['n']} shifted copy/arithmetic answers, selected layers (re-fitted every "
+              f"{c.interval} tokens) vs base, McNemar exact one-sided p", test["p_greater"],
+              paper="+5.5% HumanEval (generation accuracy rises; spec 6(c), 6(d))",
+              threshold=f"< {c.em_alpha:g}", passed=em_improves,
+              note=f"exact match {test['treated_rate']:.3f} vs base {test['control_rate']:.3f}; discordant pairs "
+                   f"{test['treated_only']} rerouting-only / {test['control_only']} base-only; two-sided p "
+                   f"{test['p_two_sided']:.3g}"),
     ]
-    context = (f"Greedy exact match on the shifted answers: all {em_txt('all layers'):.3f}, random "
+    context = (f"Greedy exact match on the NLL set's {int(np.sum(det & s.shifted))} shifted answers: base "
+               f"{em_txt('base'):.3f}, selected {em_txt(OURS):.3f}, all {em_txt('all layers'):.3f}, random "
                f"{em_txt('random layers'):.3f}, retrieval {em_txt('retrieval (C3PO-style)'):.3f}, oracle "
                f"{em_txt('oracle (continuation)'):.3f}.")
     metrics = {
         "exact_match_by_family": {m: _per_family(v.astype(float), data, det) for m, v in em.items()},
         "shifted_exact_match": {m: em_txt(m) for m in METHODS},
+        "paired_exact_match": test,
         "exact_match_improves": em_improves,
     }
     return Study(checks, context, metrics, [])
@@ -382,6 +469,45 @@ def sweep_study(c: Config, s: _Setup, base_nll: np.ndarray, nll_gain: dict, work
     return Study(checks, context, metrics, [_plot(nll_gain, sweep_steps, c, workdir)])
 
 
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    def f(x, sign=True):  # 0.0617 -> "+.062"
+        return ("+" if x >= 0 else "-") * sign + f"{abs(x):.3f}".removeprefix("0")
+
+    g, em = metrics["shifted_nll_gain"], metrics["shifted_exact_match"]
+    pe = metrics.get("paired_exact_match")
+    em_txt = (f"greedy EM {f(pe['treated_rate'], False)} vs base {f(pe['control_rate'], False)} on {pe['n']} "
+              f"shifted answers (McNemar p {pe['p_greater']:.2g})" if pe else
+              f"greedy EM {f(em[OURS], False)} vs base {f(em['base'], False)}")
+    return (f"tiny MoE LM, shifted prompts: NLL gain {f(g[OURS])} (all layers {f(g['all layers'])}, retrieval "
+            f"{f(g['retrieval (C3PO-style)'])}, oracle {f(g['oracle (continuation)'])}), in-dist "
+            f"{f(metrics['nll_gain_by_family'][OURS]['in_distribution'])}; {em_txt}")
+
+
+def _cause(c: Config, nll: Study, generation: Study) -> tuple[str | None, str]:
+    """The cause class (a key of `experiments.checks.CAUSES`) of a failing run and its evidence.
+
+    The checks are the paper's direction at the paper's statement; what this run can vary is the scale (a
+    tiny LM, synthetic domains, one seed). A failing NLL check or an exact-match rise not detected at
+    ``em_alpha`` is named a scale limit with its numbers (discordant pairs, the rates, the NLL gains);
+    a rise that goes the other way beyond chance is reported as such, in the same class.
+    """
+    failing = [ch.name for ch in nll.checks + generation.checks if ch.required and not ch.passed]
+    if not failing:
+        return None, ""
+    g = nll.metrics["shifted_nll_gain"]
+    pe = generation.metrics["paired_exact_match"]
+    direction = ("rerouting LOWERS exact match beyond chance" if pe["p_less"] < c.em_alpha else
+                 "no exact-match difference detected")
+    return "scale", (
+        f"failing: {failing}. A tiny MoE LM ({c.model.num_layers} layers, {c.train_steps} steps, one seed): the "
+        f"selected-layer bias lowers shifted NLL by {g[OURS]:+.4f} nats/token "
+        f"(oracle {g['oracle (continuation)']:+.4f}), "
+        f"and on {pe['n']} paired shifted answers greedy exact match is {pe['treated_rate']:.3f} vs base "
+        f"{pe['control_rate']:.3f} ({pe['treated_only']} rerouting-only vs {pe['control_only']} base-only correct, "
+        f"one-sided p {pe['p_greater']:.3g}, two-sided {pe['p_two_sided']:.3g}): {direction}")
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     _validate(c)
     workdir = pathlib.Path(workdir)
@@ -395,11 +521,12 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     # The claim's checks first, then the diagnostics (each group in study order).
     checks = ([ch for st in studies for ch in st.checks if ch.required]
               + [ch for st in studies for ch in st.checks if not ch.required])
+    cause_class, cause = _cause(c, nll, generation)
     verdict, reproduced = verdict_from_checks(
         checks, claim="rerouting on confidence-selected layers improves MoE LMs under shift: it lowers shifted NLL, "
                       "more than in distribution, the gain persists with a distracting turn and greedy exact match rises",
         context=" ".join([_setup_context(c, s)] + [st.context for st in studies]),
-        cause="scale limit (a tiny MoE LM trained a few hundred steps on synthetic domains, one seed)")
+        cause=cause, cause_class=cause_class)
     metrics = {
         **{k: v for st in studies for k, v in st.metrics.items()},
         "lm_final_loss": float(s.history[-1]["loss"]) if s.history else float("nan"),
@@ -408,7 +535,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         "checks": [ch.as_dict() for ch in checks],
     }
     return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced,
-            "plots": [p for st in studies for p in st.plots]}
+            "plots": [p for st in studies for p in st.plots], "cause": None if reproduced else cause_class}
 
 
 def _plot(gain: dict, sweep_steps: dict, c: Config, workdir: pathlib.Path) -> str:
@@ -438,14 +565,16 @@ EXPERIMENT = registry.Experiment(
         "smoke": lambda: Config(model=MoELMConfig(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=64,
                                                   moe=MoEConfig(num_experts=4, experts_per_token=2)),
                                 seq_len=32, batch_size=8, train_steps=4,
-                                eval_per_family=2, prompt_len=24, cont_len=6, steps=2, interval=6, bank_size=16,
+                                eval_per_family=2, em_prompts_per_family=3, prompt_len=24, cont_len=6, steps=2,
+                                interval=6, bank_size=16,
                                 num_neighbors=1, sweep_steps=(1, 3), sweep_lrs=(5e-2,), sweep_intervals=(0,),
                                 progress=False),
         "quick": lambda: Config(),
         "paper": lambda: Config(model=MoELMConfig(d_model=128, num_layers=8, num_heads=4, num_kv_heads=2, d_ff=256,
                                                   moe=MoEConfig(num_experts=16, experts_per_token=2)),
                                 seq_len=128, train_steps=5000,
-                                eval_per_family=200, prompt_len=96, cont_len=24, bank_size=2048),
+                                eval_per_family=200, em_prompts_per_family=600, prompt_len=96, cont_len=24,
+                                bank_size=2048),
     },
     run=run,
 )

@@ -61,10 +61,12 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 import optax
 from flax import nnx
 
@@ -188,8 +190,25 @@ def evaluate(graphdef, params, task, prompts, answers, *, undo_id, sampler, key,
     return nmars.undo_metrics(toks, lens, refs, undo_id=undo_id, eos_id=tok.eos_id)
 
 
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    def r(x, d=3):
+        return f"{float(x):.{d}f}".removeprefix("0")
+
+    ev = metrics["evals"]
+    names = {"A_sft": "SFT", "B_aug_unmasked": "unmasked augmentation", "C_msft": "mSFT", "D_msft_grpo": "mSFT+GRPO"}
+    out = "sorting, tiny LM, sampled exact match: " + ", ".join(
+        f"{lab} {r(ev[a]['sampled']['exact_match'])}" for a, lab in names.items() if a in ev)
+    if "D_msft_grpo" in ev:
+        c, d = ev["C_msft"]["sampled"], ev["D_msft_grpo"]["sampled"]
+        out += f" (UNDO precision {r(c['precision'], 2)} -> {r(d['precision'], 2)} on {d['num_undo']} UNDOs)"
+    if "C_msft_no_undo" in ev:
+        out += f"; mSFT decoded without UNDO {r(ev['C_msft_no_undo']['sampled']['exact_match'])}"
+    return out
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    workdir = pathlib.Path(workdir)
+    workdir = epath.Path(workdir)
     task, prompt_len, answer_len, answer_chars = _task(c)
     tok = task.tokenizer()
     seq_len = task.max_seq_len

@@ -21,8 +21,10 @@ factor, R's below ON's), smooth degradation (L's mean ratio at the largest noise
 (max over all runs of cost_R / cost_ON and cost_R / min(cost_L, cost_ON) <= 6 = robust_constant(2)) and the
 diamond scaling (ON's ratio grows by 1/2 per doubling of k, L's at the largest k stays below ON's).
 The blind-trust failure (U's mean ratio with the most decoys above ON's) is the spec's illustration, not a
-claim of the paper: it is reported per family in `blind_trust_demo` and the verdict but does not gate
-`reproduced`. In parking permit it need not happen: false days cost OFF at most one extra top-level permit.
+claim of the paper: it is reported per family in `blind_trust_demo` and as non-required checks but does
+not gate `reproduced`. Every check is an `experiments.checks.Check` in ``metrics["checks"]``, one per
+(instance family, property). In parking permit it need not happen: false days cost OFF at most one extra
+top-level permit.
 
 Recipe:
     python -m experiments run online_covering --preset quick    # ~30 s on 2 CPU cores
@@ -36,13 +38,17 @@ import dataclasses
 import hashlib
 import json
 import pathlib
+from typing import Any, Mapping
 
 import numpy as np
+from etils import epath
 import tqdm
 
 from algorithms.optimization import online_covering as oc
 from experiments import _plotting as plotting
+from experiments import checks as checks_lib
 from experiments import registry, report
+from experiments.checks import Check
 
 WRAPPERS = ("online", "trust", "lazy", "robust")
 
@@ -209,9 +215,34 @@ def _aggregate(rows: list[dict], keys=WRAPPERS) -> dict:
     return out
 
 
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    m = metrics
+    fams = [k[: -len("/ratio_online")] for k in m if k.endswith("/ratio_online")]
+
+    def span(vals):
+        lo, hi = min(vals), max(vals)
+        return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
+
+    lazy = span([m[f"{f}/ratio_lazy_eta0"] for f in fams])
+    online = span([m[f"{f}/ratio_online"] for f in fams])
+    text = (f"eta=0: lazy ratio {lazy} vs online {online} ({len(fams)} families); "
+            f"robust <= {m['robust_over_online_max']:.2f}x online")
+    dia = m.get("tables", {}).get("diamond")
+    if dia:
+        text += (f"; diamond k={dia['level'][-1]}: online {m['diamond/ratio_online_max_k']:g}, "
+                 f"lazy {m['diamond/ratio_lazy_max_k']:.2f}")
+    demos = m.get("blind_trust_demo", {})
+    if demos:
+        spared = [f.replace("_", " ") for f, v in demos.items() if not v["trust_worse_than_online"]]
+        text += (f"; blind trust fails on {len(demos) - len(spared)}/{len(demos)}"
+                 + (f" (not {', '.join(spared)})" if spared else ""))
+    return text
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     _validate(c)
-    workdir = pathlib.Path(workdir)
+    workdir = epath.Path(workdir)
     base = {k: v for k, v in dataclasses.asdict(c).items() if k not in ("progress",)}
     inst = _instances(c)
     units = [(label, factory, k, s) for (label, factory, k) in inst for s in range(c.seeds)]
@@ -223,7 +254,15 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                for s in tqdm.trange(c.seeds, desc="diamond", disable=not c.progress)]
 
     bound = oc.robust_constant(c.lam)
-    tables, flat, checks, demos = {}, {}, {}, {}
+    tables, flat, checks, demo_checks, demos = {}, {}, [], [], {}
+    causes = {"consistency": "bug in our code (with eta = 0 the lazy wrapper follows OFF's solution)",
+              "smooth": ("check stricter than the paper (the paper bounds the ratio by rho(eta); it does not say "
+                         "the mean ratio rises strictly with the noise)"),
+              "robust": f"bug in our code (robust switching is proven within {bound:g}x for lam={c.lam:g})",
+              "online_grows": ("bug in our code (greedy on the diamond family costs 1 + log2(k) / 2 by "
+                               "construction)"),
+              "wrappers_flat": f"scale limit (diamond_missing={c.diamond_missing} errors at k up to "
+                               f"{2 ** max(c.diamond_levels)})"}
     all_rows = []
     for label, _, k in inst:
         noise = _aggregate([r["noise"] for r in per[label]])
@@ -233,26 +272,48 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         alpha_max = max(x["alpha"] for r in per[label] for x in r["noise"] if x["level"] == 0.0)
         tables[label] = {"k": k, "noise": noise, "decoys": dec}
         i0, i1 = 0, len(noise["level"]) - 1
-        checks[label] = {
-            "consistency": noise["lazy"][i0] <= alpha_max + 1e-9 and noise["robust"][i0] < noise["online"][i0],
-            "smooth": noise["lazy"][i1] > noise["lazy"][i0],
-            "robust": max(x["robust_over_online"] for x in rows) <= bound + 1e-9
-            and max(x["robust_over_min"] for x in rows) <= bound + 1e-9,
-        }
+        r_on = max(x["robust_over_online"] for x in rows)
+        r_min = max(x["robust_over_min"] for x in rows)
+        checks += [
+            Check(f"{label}: consistency, eta = 0 mean ratio of lazy L (robust R vs ON)", noise["lazy"][i0],
+                  "rho(0) = OFF's factor", f"<= OFF's factor {alpha_max:.2f} and R {noise['robust'][i0]:.2f} "
+                  f"< ON {noise['online'][i0]:.2f}",
+                  noise["lazy"][i0] <= alpha_max + 1e-9 and noise["robust"][i0] < noise["online"][i0],
+                  note="consistency"),
+            Check(f"{label}: smooth degradation, lazy L's mean ratio at the largest noise", noise["lazy"][i1],
+                  "ratio grows with eta", f"> eta = 0 value {noise['lazy'][i0]:.2f}",
+                  noise["lazy"][i1] > noise["lazy"][i0], note="smooth"),
+            Check(f"{label}: robustness, max over runs of cost_R / cost_ON and cost_R / min(cost_L, cost_ON)",
+                  max(r_on, r_min), f"O(1) x ON (robust_constant({c.lam:g}))", f"<= {bound:g}",
+                  r_on <= bound + 1e-9 and r_min <= bound + 1e-9, note="robust"),
+        ]
         demos[label] = {"trust_worse_than_online": dec["trust"][-1] > dec["online"][-1]}
+        demo_checks.append(Check(
+            f"{label}: blind trust U's mean ratio with {max(c.decoy_fractions):g}k decoys", dec["trust"][-1],
+            "the spec's illustration (not the paper's claim)", f"> ON {dec['online'][-1]:.2f}",
+            demos[label]["trust_worse_than_online"], required=False, note=f"R {dec['robust'][-1]:.2f}"))
         flat[f"{label}/ratio_online"] = noise["online"][i0]
         flat[f"{label}/ratio_lazy_eta0"] = noise["lazy"][i0]
         flat[f"{label}/ratio_robust_eta0"] = noise["robust"][i0]
         flat[f"{label}/ratio_lazy_max_noise"] = noise["lazy"][i1]
         flat[f"{label}/ratio_trust_max_decoys"] = dec["trust"][-1]
         flat[f"{label}/ratio_robust_max_decoys"] = dec["robust"][-1]
-        flat[f"{label}/robust_over_online_max"] = max(x["robust_over_online"] for x in rows)
+        flat[f"{label}/robust_over_online_max"] = r_on
     dia = _aggregate(diamond)
     all_rows += [x for r in diamond for x in r]
     tables["diamond"] = dia
-    checks["diamond"] = {"online_grows": dia["online"][-1] - dia["online"][0] >= 0.5 * (len(dia["level"]) - 1) - 1e-9
-                         if len(dia["level"]) > 1 else True,
-                         "wrappers_flat": dia["lazy"][-1] < dia["online"][-1] and dia["robust"][-1] <= bound}
+    need = 0.5 * (len(dia["level"]) - 1)
+    checks += [
+        Check(f"diamond: ON's ratio growth from k = {dia['level'][0]} to {dia['level'][-1]}",
+              dia["online"][-1] - dia["online"][0], "rho(k) grows (1/2 per doubling of k)", f">= {need:g}",
+              dia["online"][-1] - dia["online"][0] >= need - 1e-9 if len(dia["level"]) > 1 else True,
+              note="online_grows"),
+        Check(f"diamond: lazy L's ratio at k = {dia['level'][-1]} with eta = {2 * c.diamond_missing}",
+              dia["lazy"][-1], "rho(eta) stays flat", f"< ON {dia['online'][-1]:.2f} and R "
+              f"{dia['robust'][-1]:.2f} <= {bound:g}",
+              dia["lazy"][-1] < dia["online"][-1] and dia["robust"][-1] <= bound,
+              note="wrappers_flat"),
+    ]
     flat["diamond/ratio_online_max_k"] = dia["online"][-1]
     flat["diamond/ratio_lazy_max_k"] = dia["lazy"][-1]
     flat["diamond/ratio_robust_max_k"] = dia["robust"][-1]
@@ -260,11 +321,10 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     flat["robust_over_min_max"] = max(x["robust_over_min"] for x in all_rows)
     flat["robust_bound"] = bound
     flat["virtual_online_matches_plain"] = all(x["virtual_online_matches"] for x in all_rows)
-    reproduced = all(all(v.values()) for v in checks.values())
+    checks += demo_checks
 
     plots = [_plot_noise(tables, inst, workdir), _plot_decoys(tables, inst, workdir),
              _plot_diamond(dia, c, workdir), _plot_robust(all_rows, bound, workdir)]
-    failed = [f"{lab}:{name}" for lab, v in checks.items() for name, ok in v.items() if not ok]
     no_fail = [lab for lab, v in demos.items() if not v["trust_worse_than_online"]]
     probs = [lab for lab, _, _ in inst]
     cons = ", ".join(f"{lab} {tables[lab]['noise']['online'][0]:.2f}->{tables[lab]['noise']['lazy'][0]:.2f}/"
@@ -273,7 +333,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     trust = ", ".join(f"{lab} U {tables[lab]['decoys']['trust'][-1]:.2f} vs ON "
                       f"{tables[lab]['decoys']['online'][-1]:.2f} vs R {tables[lab]['decoys']['robust'][-1]:.2f}"
                       for lab in probs)
-    verdict = (f"{'Reproduced' if reproduced else 'NOT reproduced'} over {c.seeds} seeds: mean ratio ON -> "
+    context = (f"Over {c.seeds} seeds: mean ratio ON -> "
                f"lazy L / robust R at eta = 0: {cons}; lazy at the largest noise (eta ~ 2k): {worst}; with "
                f"{max(c.decoy_fractions):g}k expensive false predictions blind trust ends above ON on "
                f"{len(demos) - len(no_fail)}/{len(demos)} families ({trust}"
@@ -282,9 +342,14 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                f"{flat['robust_over_min_max']:.2f}x min(L, ON) (bound {bound:g}); on the diamond family ON's ratio "
                f"grows {dia['online'][0]:.2f} -> {dia['online'][-1]:.2f} with k = "
                f"{dia['level'][0]}..{dia['level'][-1]} "
-               f"while lazy at eta = {2 * c.diamond_missing} stays {dia['lazy'][-1]:.2f}."
-               + (f" Failed checks: {failed}." if failed else ""))
-    return {"metrics": {**flat, "checks": checks, "blind_trust_demo": demos, "tables": tables},
+               f"while lazy at eta = {2 * c.diamond_missing} stays {dia['lazy'][-1]:.2f}")
+    cause = "; ".join(f"{ch.name}: {causes[ch.note]}" for ch in checks if ch.required and not ch.passed)
+    verdict, reproduced = checks_lib.verdict(
+        checks, claim="a prediction-error-parametrized wrapper keeps OFF's ratio at eta = 0, degrades smoothly with "
+        "eta, stays within a constant of the online algorithm, and turns rho(k) into rho(eta)",
+        context=context, cause=cause)
+    return {"metrics": {**flat, "checks": [ch.as_dict() for ch in checks], "blind_trust_demo": demos,
+                        "tables": tables},
             "verdict": verdict, "reproduced": reproduced, "plots": plots}
 
 

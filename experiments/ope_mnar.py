@@ -30,9 +30,11 @@ import hashlib
 import json
 import math
 import pathlib
+from typing import Any, Mapping
 
 import jax
 import numpy as np
+from etils import epath
 import tqdm
 
 from algorithms.statistics import ope_mnar as om
@@ -133,9 +135,25 @@ def _summary(values: dict[str, list[float]], truth: float) -> dict[str, dict[str
     return out
 
 
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    sweep = metrics["n_sweep"]
+    big = max((n for per_n in sweep.values() for n in per_n), key=int)
+    rows = [per_n[big] for per_n in sweep.values() if big in per_n]
+
+    def mae(method):
+        vals = [r["summary"][method]["mae"] for r in rows if method in r["summary"]]
+        return "-".join(dict.fromkeys(f"{x:.2f}".removeprefix("0") for x in (min(vals), max(vals)))) if vals else ""
+
+    others = [f"{lab} {mae(m)}" for m, lab in (("naive_fqe", "complete-case"), ("scope_is", "SCOPE-IS")) if mae(m)]
+    return (f"n={big}, {len(rows)} missing rate{'s' if len(rows) > 1 else ''}: ProxFQE MAE {mae('prox_fqe')}"
+            + (" vs " + ", ".join(others) if others else "")
+            + f" ({len(rows[0]['values']['prox_fqe'])} seeds)")
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     _validate(c)
-    workdir = pathlib.Path(workdir)
+    workdir = epath.Path(workdir)
     base = om.SimParams(reward_type=c.reward_type)
     truth_key, cal_key, rate_key = (jax.random.fold_in(jax.random.key(c.seed), 10 ** 6 + i) for i in range(3))
 

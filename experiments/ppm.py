@@ -29,7 +29,7 @@ released code scores raw samples, which the KDE objective leaves narrower than t
 
 Recipe:
     python -m experiments run ppm --preset smoke     # seconds, used by the tests
-    python -m experiments run ppm --preset quick     # 2 CPU cores, a few minutes (d_model 32, 800 steps per model)
+    python -m experiments run ppm --preset quick     # about 1.5 CPU minutes (d_model 32, <= 800 steps per model)
     python -m experiments run ppm --preset paper     # the released sizes (d_model 256, H 192, K 100)
 """
 
@@ -39,6 +39,7 @@ import dataclasses
 import math
 import pathlib
 import time
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -223,6 +224,21 @@ def _run_dataset(c: Config, noise: str, key: jax.Array):
     return res, extra
 
 
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    per = metrics["per_dataset"]
+    noises = sorted(per, key=lambda n: n != "bimodal")  # the bimodal variant first, as the claim reads
+    out = []
+    if "bimodal" in per:
+        b = per["bimodal"]
+        out.append(f"CRPS PPM {b['PPM']['crps']:.3f} vs Gaussian {b['Gaussian MLP']['crps']:.3f} (bimodal)")
+    out.append("QICE PPM " + "/".join(f"{100 * per[n]['PPM']['qice']:.1f}" for n in noises) + "% vs bootstrap "
+               + "/".join(f"{100 * per[n]['MLP + bootstrap']['qice']:.1f}" for n in noises) + "% ("
+               + "/".join(noises) + ")")
+    out.append("90% coverage PPM " + "/".join(f"{per[n]['PPM']['coverage_0.9']:.2f}" for n in noises))
+    return "synthetic series: " + "; ".join(out)
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     for n in c.noises:
         if n not in NOISES:
@@ -270,14 +286,15 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     claim = "PPM CRPS <= Gaussian head on bimodal noise and PPM QICE < MLP + bootstrap on all variants"
     verdict, ok = verdict_from_checks(
         checks, claim=claim,
-        context=(f"{c.num_channels} channels, L={c.seq_len}, H={c.pred_len}, K={c.test_samples} test samples, "
+        context=(f"Scale: series length {c.length}, {c.num_channels} channels, L={c.seq_len}, H={c.pred_len}, "
+                 f"d_model {c.d_model}, d_ff {c.d_ff}, K={c.train_samples} training / {c.test_samples} test samples, "
+                 f"<= {c.epochs} epochs x {c.max_steps_per_epoch or 'all'} steps of batch {c.batch_size}, one seed, "
                  f"{extras[c.noises[0]]['windows']} train/val/test windows. " + " | ".join(lines)
                  + f". Cost ({c.noises[0]}, train time includes compilation): " + cost_txt
                  + f". Lowest CRPS (raw-sample rows): {best}. '{KDE_ROW}' adds the loss's N(0, h^2) kernel noise "
                  f"(h={c.bandwidth}) to PPM's samples, i.e. samples the density the KDE-NLL trains."
                  " Paper (ETTh1, H=192, vs diffusion baselines): CRPS 0.3369, QICE 1.475%, MSE 0.4474"),
-        cause="scale limit (synthetic series, small models, few epochs) or the baselines differ from the paper's "
-              "diffusion models")
+        cause=_cause(per, c), cause_class="spec")
     reproduced = ok if claim1 is not None else None
     if reproduced is None:  # claim (1) needs the bimodal variant
         verdict = ("Undecided (no bimodal variant)."
@@ -291,7 +308,27 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
             metrics[f"{n}_{tag}_qice"] = per[n][m]["qice"]
             metrics[f"{n}_{tag}_coverage90"] = per[n][m]["coverage_0.9"]
     plots = [_plot_forecasts(extras, c, workdir), _plot_calibration(extras, per, workdir), _plot_cost(per, c, workdir)]
-    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots}
+    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots,
+            "cause": "spec" if reproduced is False else None}
+
+
+def _cause(per: Mapping[str, Any], c: Config) -> str:
+    """Why the checks fail (class "spec"), with the run's calibration numbers.
+
+    Both checks are the spec's own CPU-plan targets (section 10(d), marked inferred), not claims of the
+    paper, which compares PPM with diffusion baselines on real series; and the numbers show PPM's raw
+    samples under-dispersed, as the loss predicts (see the module docstring).
+    """
+    cov = ", ".join(f"{n} {per[n]['PPM']['coverage_0.9']:.2f} (with kernel noise {per[n][KDE_ROW]['coverage_0.9']:.2f}"
+                    f", QICE {100 * per[n]['PPM']['qice']:.2f}% -> {100 * per[n][KDE_ROW]['qice']:.2f}%)"
+                    for n in per)
+    return ("both checks are the spec's own CPU-plan targets (spec 10(d), marked inferred), not the paper's "
+            "statements: the paper compares PPM with diffusion baselines on real series (spec 10(c); ETTh1 H=192: "
+            "CRPS 0.3369, QICE 1.475%), not with a Gaussian head on multimodal noise or a bootstrapped point MLP. "
+            f"PPM's raw samples are under-dispersed: 90% coverage {cov}; the hybrid loss's MSE on the mean of "
+            f"K={c.train_samples} training samples (released code 100) rewards spread shrinking by Var/K, and its "
+            f"KDE-NLL with bandwidth h={c.bandwidth} (close to the predictive std) fits samples narrower than the "
+            "target by h")
 
 
 def _plot_forecasts(extras, c: Config, workdir):

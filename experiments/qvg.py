@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -275,6 +276,18 @@ def _at_bits(points: list[tuple[float, float]], bpe: float) -> float:
 
 
 # ------------------------------------------------------------------ run
+
+
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    q, base = metrics["pareto"]["QVG int2"], metrics["baselines_at_qvg_bits"]
+    names = {"rtn": "RTN", "kivi": "KIVI", "quarot": "QuaRot", "quarot_asym": "QuaRot-asym"}
+    short = lambda x, n: f"{x:.{n}f}".removeprefix("0")  # 0.015 -> ".015"  # noqa: E731
+    who = "/".join(names.get(b, b) for b in base)
+    mse = min(b["kv_rel_mse"] for b in base.values())
+    return (f"tiny video model: QVG INT2 {metrics['qvg_int2_bits']:g} bits ({metrics['qvg_int2_compression']:.2f}x), "
+            f"KV rel MSE {short(q['kv_rel_mse'], 3)} vs >= {short(mse, 2)} for {who} at equal bits; first affected "
+            f"frame PSNR {q['psnr_first']:.1f} vs <= {max(b['psnr_first'] for b in base.values()):.1f} dB")
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:

@@ -14,6 +14,13 @@ files of one preset into one report: `results/REPORT.md` (tracked by git) for
 the `quick` preset that `make reproduce` runs, `results/REPORT-<preset>.md`
 for the others. Each holds one table with the paper's claim beside ours, then
 one section per experiment with its verdict and plots.
+
+`paper_status(entry)` derives a paper's catalog status and its "ours" cell from the
+latest `results/<slug>/quick/result.json`: "verified" only when that result carries
+its claim checks and every required one passed; "ours" is the experiment module's
+`headline(metrics)` applied to the stored metrics. The README's catalog table is
+built from it (`python -m experiments catalog --markdown`), so it cannot drift
+from the results.
 """
 
 from __future__ import annotations
@@ -21,18 +28,22 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
+import importlib
 import json
-import pathlib
+import os
 import platform
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+from etils import epath
 
+from experiments import checks as checks_lib
 from experiments import registry
 
-__all__ = ["run_experiment", "default_workdir", "write_report", "report_path", "load_results", "savefig"]
+__all__ = ["run_experiment", "default_workdir", "write_report", "report_path", "load_results", "savefig",
+           "paper_status", "PaperStatus"]
 
 
 def _jsonable(x: Any) -> Any:
@@ -50,11 +61,16 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def savefig(fig, path: pathlib.Path) -> str:
-    """Saves a matplotlib figure (see `experiments._plotting`) as PNG and returns the file name."""
+def savefig(fig, path: str | os.PathLike) -> str:
+    """Saves a matplotlib figure (see `experiments._plotting`) as PNG and returns the file name.
+
+    The file is written through `etils.epath`, so ``path`` may be remote (``gs://...``).
+    """
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return pathlib.Path(path).name
+    path = epath.Path(path)
+    with path.open("wb") as f:
+        fig.savefig(f, format="png", dpi=110)
+    return path.name
 
 
 def _config_key(cfg: Any) -> str:
@@ -62,11 +78,12 @@ def _config_key(cfg: Any) -> str:
 
 
 def default_workdir(slug: str, preset: str, config: Any = None, *,
-                    results_dir: str | pathlib.Path = "results") -> pathlib.Path:
+                    results_dir: str | os.PathLike = "results") -> epath.Path:
     """The run directory of `slug` at `preset`: `results_dir/<slug>/<preset>` for the preset's own config,
-    `results_dir/<slug>/<preset>-<8 hex digits>` (a hash of the whole config) for any other config."""
+    `results_dir/<slug>/<preset>-<8 hex digits>` (a hash of the whole config) for any other config.
+    An `etils.epath.Path`: a remote results_dir (``gs://...``) stays remote."""
     exp = registry.get(slug)
-    base = pathlib.Path(results_dir) / slug
+    base = epath.Path(results_dir) / slug
     if config is None:
         return base / preset
     key = _config_key(config)
@@ -75,8 +92,8 @@ def default_workdir(slug: str, preset: str, config: Any = None, *,
     return base / f"{preset}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
-def run_experiment(slug: str, preset: str, *, results_dir: str | pathlib.Path = "results",
-                   config: Any = None, workdir: str | pathlib.Path | None = None) -> dict:
+def run_experiment(slug: str, preset: str, *, results_dir: str | os.PathLike = "results",
+                   config: Any = None, workdir: str | os.PathLike | None = None) -> dict:
     """Runs `slug` at `preset` (or an explicit `config`) and writes its result files.
 
     The workdir defaults to :func:`default_workdir` (a config other than the preset's gets its own).
@@ -86,7 +103,7 @@ def run_experiment(slug: str, preset: str, *, results_dir: str | pathlib.Path = 
     exp = registry.get(slug)
     cfg = exp.config(preset) if config is None else config
     registry.check_config(cfg)
-    workdir = pathlib.Path(workdir) if workdir else default_workdir(slug, preset, cfg, results_dir=results_dir)
+    workdir = epath.Path(workdir) if workdir else default_workdir(slug, preset, cfg, results_dir=results_dir)
     workdir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     out = exp.run(cfg, workdir)
@@ -94,6 +111,10 @@ def run_experiment(slug: str, preset: str, *, results_dir: str | pathlib.Path = 
     for key in ("metrics", "verdict", "reproduced"):
         if key not in out:
             raise KeyError(f"experiments/{slug}.py run() must return a {key!r} entry; got {sorted(out)}")
+    cause = out.get("cause")
+    if cause is not None and cause not in checks_lib.CAUSES:
+        raise ValueError(f"experiments/{slug}.py run() returned cause {cause!r}; expected one of "
+                         f"{sorted(checks_lib.CAUSES)} or None")
     entry = exp.paper
     result = {
         "slug": slug,
@@ -105,6 +126,7 @@ def run_experiment(slug: str, preset: str, *, results_dir: str | pathlib.Path = 
         "metrics": _jsonable(out["metrics"]),
         "verdict": out["verdict"],
         "reproduced": out["reproduced"],
+        "cause": None if out["reproduced"] else cause,
         "plots": list(out.get("plots", [])),
         "wall_s": round(wall, 2),
         "devices": jax.device_count(),
@@ -145,12 +167,12 @@ def _devices(r: dict) -> Any:
     return r.get("devices", r.get("environment", {}).get("devices", "?"))
 
 
-def load_results(results_dir: str | pathlib.Path = "results", *, preset: str | None = None) -> list[dict]:
+def load_results(results_dir: str | os.PathLike = "results", *, preset: str | None = None) -> list[dict]:
     """The `<slug>/<preset>/result.json` files under results_dir (every preset when None), in registry order.
 
     Runs with overridden configs (`<slug>/<preset>-<hash>/`) are not collected.
     """
-    results_dir = pathlib.Path(results_dir)
+    results_dir = epath.Path(results_dir)
     order = {s: i for i, s in enumerate(registry.all_slugs())}
     pattern = f"*/{preset}/result.json" if preset else "*/*/result.json"
     found = [json.loads(p.read_text()) for p in sorted(results_dir.glob(pattern))
@@ -159,20 +181,82 @@ def load_results(results_dir: str | pathlib.Path = "results", *, preset: str | N
                                         if r["preset"] in registry.PRESETS else 9))
 
 
-def report_path(results_dir: str | pathlib.Path = "results", preset: str = "quick") -> pathlib.Path:
+class PaperStatus(NamedTuple):
+    """A paper's catalog status and "ours" cell, as derived from its latest quick result.
+
+    Attributes:
+      status: "planned" (no experiment module), "implemented" (module, no passing quick result; with
+        "; not reproduced: <cause class>" when the result names why, see `experiments.checks.CAUSES`)
+        or "verified" (the quick result's required claim checks all passed).
+      ours: the experiment's ``headline(metrics)`` of the quick result ("" without a result).
+      result: the quick ``result.json`` path, or None when there is none.
+      problem: why the result cannot decide the status ("" when it can): no result, no checks
+        list, or ``reproduced`` disagreeing with the checks.
+    """
+
+    status: str
+    ours: str
+    result: epath.Path | None
+    problem: str
+
+
+def _required_checks_pass(checks: Any) -> bool | None:
+    """True/False when ``checks`` is a list of `Check.as_dict` records with a required one; None else."""
+    if not isinstance(checks, list) or not checks:
+        return None
+    if not all(isinstance(c, dict) and "passed" in c for c in checks):
+        return None
+    required = [c for c in checks if c.get("required", True)]
+    return all(bool(c["passed"]) for c in required) if required else None
+
+
+def paper_status(entry: Any, results_dir: str | os.PathLike = "results") -> PaperStatus:
+    """Status and "ours" cell of a catalog entry, derived from ``results_dir/<slug>/quick/result.json``.
+
+    Args:
+      entry: a `experiments.catalog.CatalogEntry`.
+      results_dir: where `run` wrote the results (the repository's ``results/``).
+
+    Returns:
+      A `PaperStatus`. A paper is "verified" only when its quick result stores its claim checks
+      (``metrics["checks"]``, see `experiments.checks`) and every required one passed.
+    """
+    if entry.status == "planned":
+        return PaperStatus("planned", "", None, "")
+    path = epath.Path(results_dir) / entry.slug / "quick" / "result.json"
+    if not path.is_file():
+        return PaperStatus("implemented", "", None, f"no quick result at {path}")
+    r = json.loads(path.read_text())
+    metrics = r.get("metrics", {})
+    ok = _required_checks_pass(metrics.get("checks"))
+    problem = ""
+    if ok is None:
+        problem = "the quick result stores no list of claim checks (metrics['checks']); rerun its quick preset"
+    elif ok != bool(r.get("reproduced")):
+        problem = f"reproduced={r.get('reproduced')} disagrees with its required checks (all passed: {ok})"
+    module = importlib.import_module(f"experiments.{entry.slug}")
+    headline = getattr(module, "headline", None)
+    ours = headline(metrics) if headline is not None else ""
+    status = "verified" if ok and not problem else "implemented"
+    if ok is False and not problem and r.get("cause") in checks_lib.CAUSES:
+        status += f"; not reproduced: {r['cause']}"
+    return PaperStatus(status, " ".join(ours.split()), path, problem)
+
+
+def report_path(results_dir: str | os.PathLike = "results", preset: str = "quick") -> epath.Path:
     """`results_dir/REPORT.md` for the quick preset (the tracked report), `results_dir/REPORT-<preset>.md` else."""
     name = "REPORT.md" if preset == "quick" else f"REPORT-{preset}.md"
-    return pathlib.Path(results_dir) / name
+    return epath.Path(results_dir) / name
 
 
-def write_report(results_dir: str | pathlib.Path = "results", *, preset: str = "quick") -> pathlib.Path:
+def write_report(results_dir: str | os.PathLike = "results", *, preset: str = "quick") -> epath.Path:
     """Writes the report of one preset (see :func:`report_path`) from its result.json files in results_dir.
 
     Raises:
       ValueError: results_dir is not an existing directory, preset is unknown, or no result of the
         preset is there.
     """
-    results_dir = pathlib.Path(results_dir)
+    results_dir = epath.Path(results_dir)
     if preset not in registry.PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {list(registry.PRESETS)}")
     if not results_dir.is_dir():
@@ -201,7 +285,9 @@ def write_report(results_dir: str | pathlib.Path = "results", *, preset: str = "
         paper = (r["paper_result"] or r["claim"]).replace("|", "/")
         lines.append(f"| [{r['slug']}](#{r['slug']}-{r['preset']}) | {r['preset']} | {paper} | {ours} | {mark} | "
                      f"{r['wall_s']} | {_devices(r)} |")
-    lines.append("")
+    total = sum(float(r["wall_s"]) for r in results)
+    lines += ["", f"Total wall time of these {len(results)} runs: {total / 60:.1f} min "
+                  f"(each run's own time in the `wall s` column; runs made on a shared machine take longer).", ""]
     for r in results:
         lines.append(_summary_md(r, plot_prefix=f"{r['slug']}/{r['preset']}/"))
     path = report_path(results_dir, preset)

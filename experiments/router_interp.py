@@ -44,9 +44,11 @@ import hashlib
 import json
 import pathlib
 import time
+from typing import Any, Mapping
 
 import jax
 import numpy as np
+from etils import epath
 import tqdm
 
 from algorithms.moe import router_interp as ri
@@ -422,9 +424,26 @@ def _checks(c: Config, worlds: dict, gain: dict) -> tuple[list[Check], tuple[boo
     return checks, (ssh_beats_tokens, ssh_beats_single, control_ties_domain, control_ties_tokens, gap_larger_in_ssh)
 
 
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    ri_m, tok_m = "RouterInterp (alignment)", "token statistics"
+    f3 = lambda x: f"{x:.3f}".removeprefix("0")  # 0.876 -> ".876"  # noqa: E731
+    ssh = metrics["worlds"]["ssh"]
+    text = (f"planted SSH world: {metrics['relative_gain_over_token_statistics']['ssh']:+.0%} balanced acc. over token "
+            f"statistics ({f3(_bacc(ssh, ri_m))} vs {f3(_bacc(ssh, tok_m))})")
+    if any(w in metrics["worlds"] for w in ("single_domain", "single_domain_exclusive")):
+        text += (", ties single domain in control" if metrics["control_ties_single_domain"]
+                 else ", does not tie single domain in control")
+    lm = metrics.get("lm")
+    if lm:
+        text += (f"; tiny MoE LM {_bacc(lm, ri_m) / _bacc(lm, tok_m) - 1:+.0%} ({f3(_bacc(lm, ri_m))} vs "
+                 f"{f3(_bacc(lm, tok_m))})")
+    return text
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     _validate(c)
-    workdir = pathlib.Path(workdir)
+    workdir = epath.Path(workdir)
     worlds = {}
     for w in tqdm.tqdm(c.worlds, desc="router_interp worlds", disable=not c.progress):
         worlds[w] = _run_world(c, w, workdir)

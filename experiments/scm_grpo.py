@@ -56,9 +56,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import pathlib
+from typing import Any, Mapping
 
 import jax
 import numpy as np
+from etils import epath
 import optax
 from flax import nnx
 
@@ -234,8 +236,26 @@ def accuracy_by_relative_depth(records, *, min_bin: int = 1) -> dict[int, tuple[
     return {int(r): (float(np.mean(v)), len(v)) for r, v in sorted(bins.items()) if len(v) >= min_bin}
 
 
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    def r(x, d=3):  # result.json stores nan as "nan"
+        return f"{float(x):.{d}f}".removeprefix("0")
+
+    ph, ov = metrics["per_hop"], metrics["overall"]
+    hops = sorted(int(k) for k in ph["sft"])
+    out = f"synthetic {hops[0]}-{hops[-1]}-hop verification, tiny LM: "
+    if "structural" not in ph or "label_only" not in ph:
+        return out + (f"SFT only (no RL arms): accuracy {r(ov['sft']['accuracy'])}, |d-k| "
+                      f"{r(ov['sft']['mean_abs_depth_error'], 2)}")
+    s = {int(k): v for k, v in ph["structural"].items()}
+    lab = {int(k): v for k, v in ph["label_only"].items()}
+    acc = ", ".join(f"{k}-hop {r(s[k]['accuracy'])} vs {r(lab[k]['accuracy'])}" for k in (3, 4) if k in s)
+    return out + (f"structural vs label-only reward: |d-k| {r(ov['structural']['mean_abs_depth_error'], 2)} vs "
+                  f"{r(ov['label_only']['mean_abs_depth_error'], 2)}; accuracy {acc or 'no 3/4-hop claims'}")
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    workdir = pathlib.Path(workdir)
+    workdir = epath.Path(workdir)
     task = _task(c)
     tok = task.tokenizer()
     prompt_len, max_new, seq_len = _lengths(c, task)

@@ -36,10 +36,12 @@ import json
 import math
 import pathlib
 import time
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
 from algorithms import training
 from algorithms.scaling import dynamic_sparse as ds
@@ -313,8 +315,27 @@ def _predict(q, n, u, d, s) -> np.ndarray:
     return np.exp(law.log_loss_full(q, n, u, d, s))
 
 
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    parts = []
+    if "published_law" in metrics:
+        table = metrics["published_law"]["table"]
+        parts.append(f"published law: {sum(r['match_2dp'] for r in table)}/{len(table)} derived numbers match")
+    sat, widths = metrics.get("saturation", {}), metrics.get("saturating_widths") or []
+    if widths:
+        w = max(widths)
+        by_s = {float(k.split("_s")[1]): v["degradation_after_best"] for k, v in sat.items()
+                if k.startswith(f"d{w}_s")}
+        sparse = "/".join(f"{by_s[s]:.2f}" for s in sorted(by_s, reverse=True) if s < 1)
+        parts.append(f"toy DST d={w}: overfit {by_s[1.0]:.2f} dense vs {sparse} sparse")
+    r2 = metrics.get("fit", {}).get("r2_fit_points")
+    if r2 is not None:
+        parts.append(f"toy fit R^2 {r2:.2f}")
+    return "; ".join(parts)
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    workdir = pathlib.Path(workdir)
+    workdir = epath.Path(workdir)
     if any(not 0 < s <= 1 for s in c.densities) or 1.0 not in c.densities or len(c.densities) < 2:
         raise ValueError(f"densities must lie in (0, 1], include 1.0 (the dense baseline) and one sparse value; "
                          f"got {c.densities}")

@@ -24,7 +24,7 @@ optimum by default, so the metrics measure tracking rather than the transient).
 
 Recipe:
     python -m experiments run spf --preset smoke    # seconds, used by the tests
-    python -m experiments run spf --preset quick    # about 3 minutes on 2 CPU cores
+    python -m experiments run spf --preset quick    # a few minutes on 2 CPU cores
     python -m experiments run spf --preset paper    # n = 10, K = 100, 256 paths, 2000 episodes
 
 Expected (quick): SPF and PDM track the optimum far better than PSG; SPF's runtime
@@ -37,6 +37,7 @@ import dataclasses
 import math
 import pathlib
 import time
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -137,6 +138,9 @@ def _pdm_data_batch(c: Config) -> int:
 
 
 def _train(c: Config, problem, sde, x0, ts, key, method, *, malliavin_weight=None):
+    # Sequential runs through train_path_follower, whose jitted update is cached per (method, lambda), so the
+    # seeds share one compilation. (A vmapped trainer over seeds and lambdas was 2-3x faster per run but
+    # hung inside the XLA CPU runtime, intermittently, on the loaded 2-core machine.)
     return spf.train_path_follower(
         problem, sde, x0, ts, key, method=method, num_episodes=c.num_episodes, num_paths=c.num_paths,
         learning_rate=c.learning_rate, loss=c.spf_loss,
@@ -254,6 +258,23 @@ def _growth(rows, name):
     return p1 / p0, t1 / t0, math.log(t1 / t0) / math.log(p1 / p0)
 
 
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    out = []
+    for name, m in metrics.items():
+        if not (isinstance(m, dict) and "spf" in m and "pdm" in m):
+            continue
+        s, p = m["spf"]["optimality_distance"], m["pdm"]["optimality_distance"]
+        txt = ({"least_squares": "LS"}.get(name, name) + f": SPF {s:.1e} vs PDM {p:.1e}"
+               + (f" ({s / p:.1f}x worse)" if s > p else ""))
+        out.append(txt + f", PSG {m['psg']['optimality_distance']:.2f}")
+    g = metrics.get("runtime_growth", {})
+    if metrics.get("runtime") and math.isfinite(g.get("pdm_forward_time_ratio", math.nan)):
+        out.append(f"time x{g['spf_time_ratio']:.0f} vs fwd-PDM x{g['pdm_forward_time_ratio']:.0f} over "
+                   f"{g['phi_ratio']:.0f}x params")
+    return "; ".join(out)
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     workdir = pathlib.Path(workdir)
     key = jax.random.key(c.seed)
@@ -310,13 +331,59 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                f"{2 * c.data_batch * c.num_episodes * c.num_paths} samples per time point over training (Legendre "
                f"path {c.num_episodes * c.num_paths}), online PSG 1 (or {c.num_paths}) per step with an oracle-tuned "
                "step size")
+    context += (f". Scale: n={c.dim}, K={c.num_steps} Euler steps, width {c.width} x depth {c.depth}, "
+                f"{c.num_episodes} episodes x {c.num_paths} paths, {c.num_seeds} paired seeds, {c.eval_paths} "
+                f"evaluation paths; runtime widths {list(c.runtime_widths)}, {c.runtime_reps} timed reps")
+    cause, cause_class = _cause(metrics, checks, c)
     verdict, reproduced = checks_lib.verdict(
         checks, claim="SPF tracks the drifting optimum better than PSG and at least as well as PDM, with a runtime "
-        "that grows much less with the parameter count phi than forward-sensitivity PDM", context=context)
+        "that grows much less with the parameter count phi than forward-sensitivity PDM", context=context,
+        cause=cause, cause_class=cause_class)
     plots = [_plot_tracking(results, c, workdir), _plot_training(results, workdir)]
     if rows:
         plots.append(_plot_runtime(rows, workdir))
-    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots}
+    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots,
+            "cause": None if reproduced else cause_class}
+
+
+def _cause(metrics: Mapping[str, Any], checks: list[Check], c: Config) -> tuple[str, str | None]:
+    """Why the required checks that failed failed, with the run's numbers, and the class (`checks.CAUSES`).
+
+    A failed SPF-vs-PDM check is classed "spec": SPF's loss is the spec's reconstructed energy functional
+    (marked inferred; the paper's objective is not available), whose Malliavin term scales with the
+    diffusion; training drives the diffusion towards 0, the lambda = 0 ablation then matches lambda > 0,
+    and SPF is left minimizing ||grad F||^2 along the paths (gradient-norm minimization, which squares
+    the conditioning on logistic regression). Other failures (SPF behind PSG, runtime growth) are
+    classed "scale" (too few episodes or parameters to separate the methods). Returns ("", None) when
+    every required check passed.
+    """
+    failed = [ch for ch in checks if ch.required and not ch.passed]
+    if not failed:
+        return "", None
+    parts, spec = [], False
+    for ch in failed:
+        name = ch.name.split(":")[0]
+        m = metrics.get(name, {})
+        if "SPF / PDM" in ch.name:
+            spec = True
+            abl = metrics.get("least_squares", {}).get("spf_no_malliavin")
+            ls = metrics.get("least_squares", {}).get("spf")
+            parts.append(
+                f"{name}: SPF/PDM {ch.measured:.2f} > {1 + c.pdm_tolerance:g} with the spec's reconstructed "
+                f"energy functional (inferred, the paper's objective is not available): training drives the "
+                f"diffusion from {c.sigma_init:g} to {m['spf']['final_mean_sigma']:.2g}, so the Malliavin term "
+                "(which scales with it) vanishes"
+                + (f" - least squares with lambda=0 reaches {abl['optimality_distance']:.4e} vs "
+                   f"{ls['optimality_distance']:.4e} with lambda={c.malliavin_weight:g}"
+                   if abl and ls else "")
+                + " - and SPF minimizes ||grad F||^2 along the paths, gradient-norm minimization, whose "
+                "conditioning is the square of the objective's PDM descends")
+        elif "vs PSG" in ch.name:
+            parts.append(f"{name}: SPF {ch.measured:.3g} does not beat PSG ({ch.threshold}) after "
+                         f"{c.num_episodes} episodes")
+        else:
+            parts.append(f"{ch.name}: {ch.measured:.3g}, not {ch.threshold}")
+    return "; ".join(parts), "spec" if spec else "scale"
 
 
 _STYLE = {"spf": ("SPF", "C0", "-"), "spf_no_malliavin": ("SPF, lambda=0", "C0", ":"), "pdm": ("PDM", "C1", "-"),
@@ -370,7 +437,10 @@ EXPERIMENT = registry.Experiment(
                                 psg_step_sizes=(0.5, 1.0), psg_averagings=(1.0,), psg_tune_runs=4,
                                 psg_large_batch=False, parametric_degree=3, runtime_widths=(), num_seeds=1,
                                 progress=False, fast_compile=True),
-        "quick": lambda: Config(),
+        # Quick: the default scale (n = 4, K = 50, width 32, 400 episodes x 64 paths, 2 paired seeds);
+        # the runtime sweep measures only its end points phi(width 8) and phi(width 128), the
+        # two the growth check compares.
+        "quick": lambda: Config(runtime_widths=(8, 128)),
         "paper": lambda: Config(dim=10, num_steps=100, width=128, num_episodes=2000, num_paths=256,
                                 eval_paths=1024, psg_tune_runs=256, ablation_problems=PROBLEMS, num_seeds=5,
                                 runtime_widths=(16, 64, 256, 512), runtime_forward_max_params=1_000_000,

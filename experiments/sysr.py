@@ -35,9 +35,11 @@ import json
 import math
 import pathlib
 import time
+from typing import Any, Mapping
 
 import jax
 import numpy as np
+from etils import epath
 import tqdm
 
 from algorithms.statistics import best_arm
@@ -299,9 +301,34 @@ def similarity_study(c: Config, per_scale: dict, fr: np.ndarray, workdir: pathli
     return Study(checks, context, metrics, plots)
 
 
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    def r(x):
+        return f"{x:.3f}".removeprefix("0")
+
+    def fmt(v):
+        return "not reached" if v is None else f"{v:.0%}"
+
+    err = metrics["average_error"]
+    others = {lab: v for lab, v in err.items() if lab != "SySRs"}
+    best = min(others, key=others.get)
+    per = metrics["per_noise_scale"]
+    comp = [s for s, v in per.items() if set(err) <= set(v["mean_error"])]
+    out = (f"avg error SySRs {r(err['SySRs'])} vs SR {r(err['SR'])}"
+           + (f", best other {best} {r(others[best])}" if best != "SR" else "")
+           + (f" (s={comp[0]})" if len(comp) == 1 else ""))
+    sav = [v["saving_vs_sr"] for v in per.values()]
+    out += (f"; saves {sav[0]:.0%}->{sav[-1]:.0%} of SR's error from s={next(iter(per))} to s={list(per)[-1]}")
+    cb = metrics["worst_case_confidence_budget"]
+    best_cb = [v for lab, v in cb.items() if lab != "SySRs" and v is not None]
+    out += (f"; worst-case CB({metrics['confidence_budget_tau']:.0%}) SySRs {fmt(cb['SySRs'])} vs best other "
+            f"{fmt(min(best_cb) if best_cb else None)}")
+    return out
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     _validate(c)
-    workdir = pathlib.Path(workdir)
+    workdir = epath.Path(workdir)
     fr, budgets = _grid(c)
     per_scale, timings = sweep(c, fr, budgets, workdir)
     comparison = comparison_study(c, per_scale, fr, workdir)

@@ -36,9 +36,11 @@ Each workload's dense greedy exact match is measured first (at ``context_len`` a
      verification rows (default), all rows, only the last accepted row, and "logit" importance.
 
 Verdict (decided before running): reproduced when, on the ``record`` workload (the one whose attention
-persists, the regime the method is built for) at ``main_ratio`` and ``main_gamma``, Vegas emits at
-least 1.15x the tokens per iteration of StreamingLLM and at least 0.95x those of Quest, and its
-selection time is below Quest's. The other workloads are reported with their own checks; on pure
+persists, the regime the method is built for) at ``main_ratio`` and ``main_gamma``, the dense model
+retrieves, speculative greedy output equals plain greedy, Vegas emits at least 1.15x the tokens per
+iteration of StreamingLLM and at least 0.95x those of Quest, and its selection time (measured, so
+``timing_repeats >= 1``) is below Quest's: the record workload's required checks. The other
+workloads are reported with their own, non-required checks; on pure
 copying every sparse drafter is expected to fail, because the keys the next drafts need are the ones
 one step past those the last verification attended to.
 
@@ -53,10 +55,12 @@ import dataclasses
 import math
 import pathlib
 import time
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
 from algorithms.decoding import generate, vegas
 from experiments import _long_context as lc
@@ -291,47 +295,93 @@ def workload_checks(c: Config, name: str, r: dict) -> list[Check]:
     v, s, q = (at(d)["tokens_per_iteration"] for d in DRAFTER_NAMES)
     modeled = at("vegas")["modeled_speedup"]
     setting = f"{name}, {c.context_len} tokens, budget {c.main_ratio:.0%}, gamma {c.main_gamma}"
+    # The record workload decides (its head's attention persists across steps, what Vegas needs); the
+    # others, the long-context precondition, the modeled and CPU-wall speedups and the ablation inform.
+    deciding = name == "record"
     checks = [Check("dense greedy exact match (precondition)", r["dense_accuracy"], "the model retrieves", ">= 0.95",
-                    r["dense_accuracy"] >= 0.95, f"{name}, {c.context_len} tokens")]
+                    r["dense_accuracy"] >= 0.95, f"{name}, {c.context_len} tokens", required=deciding)]
     if "dense_accuracy_long" in r:
         checks.append(Check("dense greedy exact match (precondition)", r["dense_accuracy_long"], "the model retrieves",
-                            ">= 0.95", r["dense_accuracy_long"] >= 0.95, f"{name}, {c.long_context_len} tokens"))
+                            ">= 0.95", r["dense_accuracy_long"] >= 0.95, f"{name}, {c.long_context_len} tokens",
+                            required=False))
     checks += [
         Check("greedy speculative output equals plain greedy", r["lossless"], "lossless", "every run", r["lossless"],
-              name),
+              name, required=deciding),
         Check("tokens per iteration, Vegas / StreamingLLM", v / s, "1.15-1.29x (throughput, best baseline)",
-              ">= 1.15", v / s >= 1.15, setting),
+              ">= 1.15", v / s >= 1.15, setting, required=deciding),
         Check("tokens per iteration, Vegas / Quest", v / q, ">= 1 (Vegas above every sparse drafter)", ">= 0.95",
-              v / q >= 0.95, setting),
+              v / q >= 0.95, setting, required=deciding),
         Check("KV reads, plain / Vegas (modeled KV-bound speedup)", modeled, "1.25-2.81x vs vLLM", ">= 1.25",
-              modeled >= 1.25, setting),
+              modeled >= 1.25, setting, required=False),
     ]
     if "selection" in r:
         sel, rate = r["selection"], r["decode_tokens_per_s"]
         checks += [
             Check("selection time, Vegas / Quest", sel["vegas"]["seconds"] / sel["quest"]["seconds"],
                   "Vegas ~5-9% of an iteration vs 11-29%", "< 1",
-                  sel["vegas"]["seconds"] < sel["quest"]["seconds"], name),
+                  sel["vegas"]["seconds"] < sel["quest"]["seconds"], name, required=deciding),
             Check("decode throughput, Vegas / plain greedy (CPU wall)", rate["vegas"] / rate["plain"],
                   "1.25-2.81x vs vLLM", ">= 1.25", rate["vegas"] / rate["plain"] >= 1.25,
-                  f"{setting}; a tiny model on a CPU is not memory bound"),
+                  f"{setting}; a tiny model on a CPU is not memory bound", required=False),
         ]
+    elif deciding:
+        checks.append(Check("selection time, Vegas / Quest", "not measured (timing_repeats=0)",
+                            "Vegas ~5-9% of an iteration vs 11-29%", "< 1", False, name))
     abl = r["ablation"]
     if "first_last" in abl and "last_accepted" in abl:
         fl, la = abl["first_last"]["tokens_per_iteration"], abl["last_accepted"]["tokens_per_iteration"]
         checks.append(Check("tokens per iteration, first+last rows / last accepted row", fl / la,
                             "first+last keeps acceptance ~0.95 to position 7, last-only decays to ~0.88",
-                            ">= 1", fl / la >= 1.0, f"{name}, budget {c.ablate_ratio:.0%}, gamma {c.ablate_gamma}"))
+                            ">= 1", fl / la >= 1.0, f"{name}, budget {c.ablate_ratio:.0%}, gamma {c.ablate_gamma}",
+                            required=False))
     return checks
 
 
 # ------------------------------------------------------------------ run
 
 
+def headline(metrics: Mapping[str, Any]) -> str:
+    """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
+    wls = metrics["workloads"]
+    kilo = lambda n: f"{n // 1024}k" if n % 1024 == 0 else str(n)  # noqa: E731
+    tokens = lambda note: int(note.split(", ")[1].split(" ")[0])  # "record, 2048 tokens, ..." -> 2048  # noqa: E731
+    first = next(iter(wls.values()))
+    # the main budget and gamma, as the checks' notes record them ("<name>, 2048 tokens, budget 5%, gamma 4")
+    note = next(ch["note"] for ch in first["checks"] if ch["name"].startswith("tokens per iteration, Vegas / Str"))
+    tail = note.split(", budget ")[1]
+    ratio, gamma = float(tail.split("%")[0]) / 100, int(tail.split("gamma ")[1].split(";")[0])
+    tpi = lambda r, d: r["grid"][f"{d} r={ratio:g} g={gamma}"]["tokens_per_iteration"]  # noqa: E731
+    lens = [kilo(tokens(ch["note"])) for ch in first["checks"] if ch["name"].startswith("dense greedy")]
+    recall = min(min(r["dense_accuracy"], r.get("dense_accuracy_long", 1.0)) for r in wls.values())
+    out = [f"constructed LMs ({recall:.0%} dense recall at {' and '.join(lens)}), {ratio:.0%}/gamma {gamma}"]
+    if "record" in wls:
+        r = wls["record"]
+        v, s, q = (f"{tpi(r, d):.2f}" for d in ("vegas", "streaming", "quest"))
+        text = f"record workload tokens/iter Vegas {v} vs StreamingLLM {s} vs Quest {q}"
+        if r["long"]:
+            lng = tuple(f"{r['long'][d]['tokens_per_iteration']:.2f}" for d in ("vegas", "streaming", "quest"))
+            text += f" (same at {lens[-1]})" if lng == (v, s, q) else f" ({lens[-1]}: {'/'.join(lng)})"
+        text += f", modeled KV-bound speedup {r['grid'][f'vegas r={ratio:g} g={gamma}']['modeled_speedup']:.2f}x"
+        if "selection" in r:
+            sel_v = f"{r['selection']['vegas']['seconds'] * 1e3:.2f}"
+            text += (f", selection {sel_v[1:] if sel_v.startswith('0.') else sel_v} vs Quest "
+                     f"{r['selection']['quest']['seconds'] * 1e3:.1f} ms")
+        out.append(text)
+    if "copy" in wls:
+        cv = tpi(wls["copy"], "vegas")
+        out.append(f"pure copy: Vegas {cv:.2f}" + (" (no gain)" if cv < 1.15 else ""))
+    walls = [r["decode_tokens_per_s"]["vegas"] / r["decode_tokens_per_s"]["plain"] for r in wls.values()
+             if "decode_tokens_per_s" in r]
+    if walls:
+        out.append(f"CPU wall vs plain {min(walls):.1f}-{max(walls):.1f}x (noisy)")
+    out.append("lossless" if all(r["lossless"] for r in wls.values()) else "NOT lossless")
+    return out[0] + ": " + "; ".join(out[1:])
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     from tqdm.auto import tqdm
 
-    workdir = pathlib.Path(workdir)
+    workdir = epath.Path(workdir)
     workloads = lc.build(c.workloads, vocab_size=c.vocab_size, record_size=c.record_size, tune=c.tune,
                          workdir=workdir if c.checkpoint else None, progress=c.progress)
     total = len(workloads) * len(DRAFTER_NAMES) * len(c.gammas) * len(c.ratios)
@@ -394,11 +444,9 @@ def _verdict(c: Config, results: dict) -> tuple[str, bool]:
     reproduced = False
     if "record" in results:
         r = results["record"]
-        cheaper = "selection" in r and r["selection"]["vegas"]["seconds"] < r["selection"]["quest"]["seconds"]
-        reproduced = bool(_ratio(c, r, "streaming") >= 1.15 and _ratio(c, r, "quest") >= 0.95 and cheaper
-                          and r["dense_accuracy"] >= 0.95)
-        parts.append(f"Criterion (record workload: Vegas >= 1.15x StreamingLLM and >= 0.95x Quest tokens per "
-                     f"iteration, selection cheaper than Quest's): {'REPRODUCED' if reproduced else 'NOT reproduced'}.")
+        reproduced = all(ch["passed"] for ch in r["checks"] if ch["required"])  # see workload_checks
+        parts.append(f"Criterion (record workload: dense model retrieves, lossless, Vegas >= 1.15x StreamingLLM and "
+                     f">= 0.95x Quest tokens per iteration, selection cheaper than Quest's): {'REPRODUCED' if reproduced else 'NOT reproduced'}.")
     else:
         parts.append("Criterion needs the record workload, which this run left out: NOT reproduced.")
     if "copy" in results:

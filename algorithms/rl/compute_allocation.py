@@ -13,7 +13,9 @@ module provides the protocol pieces:
   * a multi-problem softmax-bandit surrogate of GRPO (`make_bandit`,
     `train_bandit`, `mc_gradient`, `exact_gradient`, `bandit_metrics`):
     P problems, each a softmax over K answers with one correct answer; the
-    logits share parameters theta across problems (interference); updates are
+    logits share parameters theta [D] across problems (interference), or each
+    problem has its own theta[p] (`per_problem=True`: a problem learns only
+    from its own groups, so a group with no success gives it nothing); updates are
     group-relative policy gradients with n samples per problem, either
     Monte-Carlo (sampled answers, GRPO advantages) or the exact expectation
     of that estimator.
@@ -253,9 +255,16 @@ def make_bandit(key, base_correct_mass, *, num_answers: int = 32, dim: int = 16,
     return Bandit(jnp.asarray(base, jnp.float32), phi, jnp.asarray(correct, jnp.int32))
 
 
+def _logits(bandit: Bandit, theta: jax.Array) -> jax.Array:
+    """[P, K] logits: base + phi @ theta for shared theta [D], or per problem for theta [P, D]."""
+    if theta.ndim == 2:
+        return bandit.base + jnp.einsum("pkd,pd->pk", bandit.phi, theta)
+    return bandit.base + bandit.phi @ theta
+
+
 def correct_mass(bandit: Bandit, theta: jax.Array) -> jax.Array:
-    """[P] probability of the correct answer under theta [D]."""
-    logits = bandit.base + bandit.phi @ theta
+    """[P] probability of the correct answer under theta: [D] shared, or [P, D] per-problem parameters."""
+    logits = _logits(bandit, theta)
     logp = jax.nn.log_softmax(logits, axis=-1)
     return jnp.exp(jnp.take_along_axis(logp, bandit.correct[:, None], axis=-1)[:, 0])
 
@@ -268,15 +277,16 @@ def mc_gradient(key, bandit: Bandit, theta: jax.Array, n: int, *, normalize_std:
     """Monte-Carlo GRPO gradient on all problems of `bandit` with n samples each.
 
     g = (1/(P n)) sum_{p,i} A_{p,i} grad log pi_p(a_{p,i}); A from
-    `group_advantages` over each problem's n rewards. Returns [D] (ascent).
+    `group_advantages` over each problem's n rewards. Returns the ascent
+    direction, shaped like theta ([D] shared or [P, D] per problem).
     """
-    logits0 = bandit.base + bandit.phi @ theta
+    logits0 = _logits(bandit, theta)
     a = jax.random.categorical(key, logits0[:, None, :], axis=-1, shape=(logits0.shape[0], n))  # [P, n]
     r = (a == bandit.correct[:, None]).astype(jnp.float32)
     adv = jax.lax.stop_gradient(group_advantages(r, normalize_std=normalize_std))
 
     def obj(th):
-        logp = jax.nn.log_softmax(bandit.base + bandit.phi @ th, axis=-1)
+        logp = jax.nn.log_softmax(_logits(bandit, th), axis=-1)
         lp = jnp.take_along_axis(logp, a, axis=-1)  # [P, n]
         return jnp.mean(adv * lp)
 
@@ -308,7 +318,7 @@ def advantage_weight(n: int, p: jax.Array, *, normalize_std: bool = True, eps: f
 
 
 def exact_gradient(bandit: Bandit, theta: jax.Array, n: int, *, normalize_std: bool = True) -> jax.Array:
-    """Exact expectation of `mc_gradient`: (1/P) sum_p (f1 - f0)(p_p) grad p_p. [D]."""
+    """Exact expectation of `mc_gradient`: (1/P) sum_p (f1 - f0)(p_p) grad p_p, shaped like theta."""
     w = jax.lax.stop_gradient(advantage_weight(n, correct_mass(bandit, theta), normalize_std=normalize_std))
     return jax.grad(lambda th: jnp.mean(w * correct_mass(bandit, th)))(theta)
 
@@ -341,6 +351,7 @@ def train_bandit(
     lr: float = 0.05,
     mode: str = "mc",
     normalize_std: bool = True,
+    per_problem: bool = False,
 ) -> dict:
     """Run M GRPO steps (Adam) on the bandit; each step draws B_p problems.
 
@@ -352,9 +363,12 @@ def train_bandit(
       steps: M (may be traced: one compile serves all M for a given (n, B_p)).
       lr: Adam learning rate.
       mode: "mc" (sampled answers) or "exact" (expected gradient).
+      per_problem: if True each problem has its own parameters theta[p] [D] (theta is [P, D]), so a
+        problem moves only when its own group has a reward spread (no transfer across problems);
+        otherwise theta [D] is shared by all problems.
 
     Returns:
-      dict with theta [D], best (max over steps 0..M of mean correct mass),
+      dict with theta ([D], or [P, D] with per_problem), best (max over steps 0..M of mean correct mass),
       final_p [P] (correct masses at the end) and best_p [P] (at the best step).
     """
     if mode not in ("mc", "exact"):
@@ -365,7 +379,8 @@ def train_bandit(
     if n < 1:
         raise ValueError(f"n must be >= 1; got {n}")
     opt = optax.adam(lr)
-    theta = jnp.zeros(bandit.phi.shape[-1], jnp.float32)
+    dim = bandit.phi.shape[-1]
+    theta = jnp.zeros((num_total, dim) if per_problem else (dim,), jnp.float32)
     p0 = correct_mass(bandit, theta)
 
     def body(i, carry):
@@ -374,8 +389,11 @@ def train_bandit(
         k1, k2 = jax.random.split(kk)
         idx = jax.random.permutation(k1, num_total)[:num_problems]
         sub = _sub(bandit, idx)
-        g = mc_gradient(k2, sub, th, n, normalize_std=normalize_std) if mode == "mc" else exact_gradient(
-            sub, th, n, normalize_std=normalize_std)
+        th_sub = th[idx] if per_problem else th
+        g = mc_gradient(k2, sub, th_sub, n, normalize_std=normalize_std) if mode == "mc" else exact_gradient(
+            sub, th_sub, n, normalize_std=normalize_std)
+        if per_problem:  # the drawn problems' rows; the others get a zero gradient
+            g = jnp.zeros_like(th).at[idx].set(g)
         upd, st = opt.update(-g, st, th)
         th = optax.apply_updates(th, upd)
         p = correct_mass(bandit, th)

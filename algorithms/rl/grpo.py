@@ -71,13 +71,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import pathlib
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from etils import epath
 from flax import nnx
 
 from algorithms._loop import run_loop
@@ -514,7 +514,7 @@ def train(*, graphdef: nnx.GraphDef, params: Any, optimizer: optax.GradientTrans
 
     out = run_loop(
         step_fn, init_state(params, optimizer), num_steps=num_steps, stop_after=stop_after,
-        checkpointer=None if workdir is None else Checkpointer(pathlib.Path(workdir) / "ckpt"),
+        checkpointer=None if workdir is None else Checkpointer(epath.Path(workdir) / "ckpt"),
         checkpoint_every=checkpoint_every, checkpoint_meta=lambda done: {"iteration": done},
         fingerprint=fingerprint, log_every=log_every, row_fn=lambda done, m: dict(m, iteration=done),
         progress=progress, desc=desc,

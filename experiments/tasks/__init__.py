@@ -19,6 +19,8 @@
     span over long contexts (Vegas); import the module.
   * `span_copy`: `SpanCopyTask`, distinct-token span copy (optionally laid out as records) for
     the constructed induction LM `models.induction` (Vegas, FFD); import the module.
+  * `shapes`: generated 32x32 images of six shape classes (ToaSt's paper preset); import
+    the module.
 
 Every generator is numpy-only and deterministic given its seeds.
 """

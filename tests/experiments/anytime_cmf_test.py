@@ -2,6 +2,7 @@
 simulation of the Gaussian random walk and its normal-mixture likelihood-ratio martingale, the
 power-against-T option, and config errors."""
 
+import itertools
 import math
 
 import jax
@@ -104,3 +105,36 @@ def test_power_against_t_is_reported_only_when_on(tmp_path):
 def test_config_errors(overrides):
     with pytest.raises(ValueError, match="power_curve"):
         exp._validate(exp.Config(**overrides))
+
+
+def _check(name, passed):
+    return exp.Check(name, measured=0.5, paper="p", threshold="t", passed=passed)
+
+
+def test_verdict_cause_and_headline_from_checks():
+    """Every check is required (reproduced iff all pass, the former rule); a failing power check is put down to
+    the scale limit with the first t where every shape's power reaches 0.995; the headline reads the stored
+    metrics (JSON keys) and lists the failing check."""
+    curves = {"quadratic": {"500": {"power": 0.55}, "1000": {"power": 0.94}, "2000": {"power": 1.0}},
+              "oscillating": {"500": {"power": 0.41}, "1000": {"power": 0.916}, "2000": {"power": 0.996}}}
+    power = exp.Study([], "", {"power_vs_T": curves}, [])
+    c = exp.Config()
+    for passed in itertools.product((True, False), repeat=3):
+        checks = [_check("level", passed[0]), _check(exp.POWER_CHECK, passed[1]), _check("coverage", passed[2])]
+        text, ok = exp.checks_lib.verdict(checks, claim=exp.CLAIM, cause=exp._cause(checks, power, c))
+        assert ok == all(passed)
+        assert ("scale limit" in text) == (not passed[1])
+        assert ("not diagnosed" in text) == (not (passed[0] and passed[2]))
+    assert "reaches 0.996 for every shape by t=2000" in exp._cause([_check(exp.POWER_CHECK, False)], power, c)
+    assert exp._power_one_at({"a": {"100": {"power": 0.99}}}) is None
+    null = {"gaavi_m50": [0.016, 0.001], "gaavi_m200": [0.011, 0.001], "peek": [0.34, 0.01], "streams": None}
+    metrics = {"null": {"gaussian, d=1": null},
+               "gaavi_beats_blind_baselines": {"quadratic vs linear": {"gaavi": 0.94, "baseline": 0.0167}},
+               "power_vs_T": curves,
+               "trial_power": {"0": {"gaavi": 0.02, "ate": 0.03}, "1": {"gaavi": 0.99, "ate": 0.01}},
+               "oracle_stopping": {"0.05": {"ratio_planned_rho": 1.45}, "0.001": {"ratio_planned_rho": 1.2276}},
+               "checks": [_check(exp.POWER_CHECK, False).as_dict(), _check("level", True).as_dict()]}
+    assert exp.headline(metrics) == (
+        "type-I <=.016 over noises/dims/burn-ins (z-test peeked every sample .34-.34); blind-spot power GAAVI .94 vs "
+        "linear .02 (quadratic), 1.00 by t=2000; trial .99 vs ATE .01; oracle E[tau] ratio 1.23; fails: power one "
+        "and beats blind baselines (.50)")

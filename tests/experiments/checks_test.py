@@ -79,3 +79,13 @@ def test_no_required_check_raises():
 def test_rejects_non_check():
     with pytest.raises(TypeError, match="Check"):
         verdict([{"name": "a", "passed": True}])
+
+
+def test_cause_class_labels_the_cause_and_is_validated():
+    text, ok = verdict([_check("a", passed=False)], claim="c", cause="power .89 at T=1000 < .9",
+                       cause_class="scale")
+    assert not ok and "Cause (scale limit): power .89 at T=1000 < .9." in text
+    text, _ = verdict([_check("a", passed=False)], cause="Cause: old prefix", cause_class="check")
+    assert "Cause (check stricter than the paper's statement): old prefix." in text
+    with pytest.raises(ValueError, match="cause_class must be one of"):
+        verdict([_check("a", passed=False)], cause_class="luck")

@@ -30,17 +30,60 @@ def test_status_agrees_with_the_code():
     for e in catalog.CATALOG:
         has_module = e.slug in implemented
         assert has_module == (e.status != "planned"), f"{e.slug}: status {e.status!r}, module exists: {has_module}"
-        if e.status == "verified":
-            assert e.ours, f"{e.slug} is verified but has no 'ours' numbers"
     for slug in registry.FOUNDATION:
         assert slug in implemented
 
 
-def test_readme_catalog_table_is_generated_from_the_catalog():
+def test_readme_catalog_table_is_generated_from_the_catalog_and_the_results():
     readme = (ROOT / "README.md").read_text()
-    assert cli.markdown_table() in readme, (
+    assert cli.markdown_table(ROOT / "results") in readme, (
         "README.md's paper table is stale: paste the output of `python -m experiments catalog --markdown`"
     )
+
+
+def test_every_implemented_paper_has_a_quick_result_with_checks_and_a_headline():
+    """The catalog's status and "ours" cell can only be derived when the quick result stores its checks."""
+    for e in catalog.CATALOG:
+        if e.status == "planned":
+            continue
+        st = report.paper_status(e, ROOT / "results")
+        assert not st.problem, f"{e.slug}: {st.problem}"
+        assert st.ours and len(st.ours) <= 400, f"{e.slug}: headline {st.ours!r} (empty or longer than 400 chars)"
+
+
+def _fake_result(tmp_path, slug, checks, reproduced, cause=None):
+    d = tmp_path / slug / "quick"
+    d.mkdir(parents=True)
+    (d / "result.json").write_text(json.dumps({"slug": slug, "reproduced": reproduced, "cause": cause,
+                                               "metrics": {"checks": checks, "x": 0.25}}))
+
+
+def test_paper_status_is_verified_only_when_every_required_check_passed(tmp_path, monkeypatch):
+    import types
+
+    monkeypatch.setattr(report.importlib, "import_module",
+                        lambda name: types.SimpleNamespace(headline=lambda m: f"x  {m['x']:.2f}\n"))
+    entry = dataclasses.replace(catalog.CATALOG[0], slug="fake", status="implemented")
+    ok = {"name": "a", "passed": True, "required": True}
+    bad_optional = {"name": "b", "passed": False, "required": False}
+    bad = {"name": "c", "passed": False, "required": True}
+    assert report.paper_status(entry, tmp_path).status == "implemented"  # no result at all
+    _fake_result(tmp_path, "fake", [ok, bad_optional], True)
+    st = report.paper_status(entry, tmp_path)
+    assert (st.status, st.ours, st.problem) == ("verified", "x 0.25", "")
+    (tmp_path / "fake" / "quick" / "result.json").unlink()
+    _fake_result(tmp_path / "b", "fake", [ok, bad], False)
+    assert report.paper_status(entry, tmp_path / "b").status == "implemented"
+    _fake_result(tmp_path / "e", "fake", [ok, bad], False, cause="scale")
+    assert report.paper_status(entry, tmp_path / "e").status == "implemented; not reproduced: scale"
+    _fake_result(tmp_path / "c", "fake", [ok, bad], True)  # reproduced disagrees with the checks
+    st = report.paper_status(entry, tmp_path / "c")
+    assert st.status == "implemented" and "disagrees" in st.problem
+    _fake_result(tmp_path / "d", "fake", {"a": True}, True)  # not a list of Check records
+    st = report.paper_status(entry, tmp_path / "d")
+    assert st.status == "implemented" and "no list of claim checks" in st.problem
+    planned = dataclasses.replace(entry, status="planned")
+    assert report.paper_status(planned, tmp_path).status == "planned"
 
 
 def test_every_registered_experiment_defines_the_three_presets():
@@ -73,10 +116,11 @@ def test_cli_errors_name_the_slug_preset_and_field(capsys):
 
 
 def test_cli_list_shows_every_paper(capsys):
-    assert cli.main(["list"]) == 0
+    assert cli.main(["list", "--results-dir", str(ROOT / "results")]) == 0
     out = capsys.readouterr().out
     for e in catalog.CATALOG:
-        assert re.search(rf"^{e.slug}\s+{e.status}\s", out, re.M), e.slug
+        status = report.paper_status(e, ROOT / "results").status
+        assert re.search(rf"^{e.slug}\s+{status}\s", out, re.M), e.slug
     assert "lm_arithmetic" in out
 
 

@@ -112,3 +112,38 @@ def test_bandit_n1_gets_no_signal_and_n8_learns():
     assert float(r8["best"]) > 0.3
     with pytest.raises(ValueError, match="num_problems"):
         ca.train_bandit(jax.random.key(5), bandit, n=2, num_problems=17, steps=1)
+
+
+def test_per_problem_exact_gradient_matches_a_float64_closed_form():
+    # theta [P, D]: row p's gradient is (1/P) (f1 - f0)(p_p) p_p phi_p^T (e_c - pi_p), in float64 numpy.
+    bandit = ca.make_bandit(jax.random.key(6), np.array([0.1, 0.4, 0.8]), num_answers=5, dim=3)
+    theta = np.random.default_rng(7).normal(0, 0.3, (3, 3)).astype(np.float32)
+    got = np.asarray(ca.exact_gradient(bandit, jnp.asarray(theta), 4))
+    base, phi, correct = (np.asarray(x, np.float64) for x in bandit)
+    want = np.zeros((3, 3))
+    for p in range(3):
+        logits = base[p] + phi[p] @ theta[p].astype(np.float64)
+        pi = np.exp(logits - logits.max()); pi /= pi.sum()
+        c = int(correct[p])
+        w = float(ca.advantage_weight(4, pi[c]))
+        want[p] = w * pi[c] * phi[p].T @ (np.eye(5)[c] - pi) / 3
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+    # per-problem correct masses equal the shared-theta masses of one-problem bandits
+    for p in range(3):
+        one = ca._sub(bandit, jnp.array([p]))
+        np.testing.assert_allclose(float(ca.correct_mass(bandit, jnp.asarray(theta))[p]),
+                                   float(ca.correct_mass(one, jnp.asarray(theta[p]))[0]), rtol=1e-5)
+
+
+def test_per_problem_parameters_leave_a_never_solved_problem_unchanged():
+    # Problem 0 has correct mass 1e-7: its groups of 4 never hold a success, so with its own parameters
+    # it never moves (zero-variance groups give no gradient), while shared parameters move it with the rest.
+    masses = np.array([1e-7, 0.3, 0.3, 0.3])
+    bandit = ca.make_bandit(jax.random.key(8), masses, num_answers=8, dim=4)
+    own = ca.train_bandit(jax.random.key(9), bandit, n=4, num_problems=4, steps=64, per_problem=True)
+    shared = ca.train_bandit(jax.random.key(9), bandit, n=4, num_problems=4, steps=64)
+    assert own["theta"].shape == (4, 4) and shared["theta"].shape == (4,)
+    np.testing.assert_array_equal(np.asarray(own["theta"][0]), 0.0)
+    assert float(own["final_p"][0]) == pytest.approx(1e-7, rel=1e-3)
+    assert abs(float(shared["final_p"][0]) - 1e-7) > 1e-9
+    assert float(np.mean(own["final_p"][1:])) > 0.3  # the solvable problems learn

@@ -1,0 +1,122 @@
+"""The toast experiment's own logic: equal-MACs matching of the baselines, evaluation batching, paired SEs,
+and the random / static channel choices of the TCS study (tiny models, no training)."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from algorithms.compression import toast
+from experiments import toast as exp
+from models.vit import ViT, ViTConfig
+
+
+def _cfg(**kw) -> ViTConfig:
+    base = dict(image_size=16, patch_size=4, num_classes=10, d_model=16, num_heads=2, d_ff=32, num_layers=3)
+    return ViTConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("n,cap", [(450, 128), (97, 128), (12, 5), (1, 4), (360, 100)])
+def test_eval_batch_size_is_the_largest_divisor_below_cap(n, cap):
+    b = exp.eval_batch_size(n, cap)
+    assert n % b == 0 and b <= cap
+    assert all(n % d for d in range(b + 1, min(n, cap) + 1))  # brute force: nothing larger divides
+
+
+def test_paired_matches_hand_computation():
+    a = np.array([1, 1, 0, 1, 0, 1])
+    b = np.array([1, 0, 0, 0, 1, 1])
+    d = np.array([0, 1, 0, 1, -1, 0], float)
+    mean, se = exp.paired(a, b)
+    assert mean == pytest.approx(d.mean())
+    assert se == pytest.approx(math.sqrt(((d - d.mean()) ** 2).sum() / 5) / math.sqrt(6))
+    assert exp.paired(a, a) == (0.0, 0.0)
+
+
+def test_token_plan_is_the_latest_block_within_tolerance():
+    cfg = _cfg(num_layers=4)
+    dense = toast.count_macs(cfg).total
+    for frac in (0.6, 0.75, 0.9):
+        target = int(frac * dense)
+        layer, plan = exp.choose_token_plan(cfg, target, 0.02)
+        err = lambda p: abs(toast.count_macs(cfg, tokens_after=p).total - target) / target  # noqa: E731
+        assert plan[layer] is not None and all(p is None for i, p in enumerate(plan) if i != layer)
+        # Brute force over every later block and token count: none is within the tolerance.
+        later = [(l, k) for l in range(layer + 1, cfg.num_layers) for k in range(2, cfg.num_tokens + 1)]
+        within = [err(tuple(k if i == l else None for i in range(cfg.num_layers))) <= 0.02 for l, k in later]
+        if err(plan) <= 0.02:
+            assert not any(within)
+
+
+def test_baselines_match_toast_macs():
+    """Magnitude / random pruning at ffn_widths_matching cost what ToaSt (SCWP + TCS) costs, within one
+    FFN unit of rounding per layer; the TCS study's four channel choices keep equal counts."""
+    cfg = _cfg(d_model=32, num_heads=4, d_ff=128, num_layers=4)
+    model = ViT(cfg, rngs=nnx.Rngs(0))
+    c = exp.Config(d_model=32, num_heads=4, d_ff=128, num_layers=4, tcs_last_blocks=2)
+    tcs = exp._tcs(c, cfg.num_layers, 0.9, exp._last_blocks(c))
+    pruned, _ = toast.scwp(model, 75.0)
+    target = toast.count_macs(pruned.config, tcs=tcs).total
+    widths = toast.ffn_widths_matching(cfg, tcs)
+    mag = toast.magnitude_prune(model, 75.0, ffn_widths=widths)
+    rnd = toast.random_prune(model, jax.random.key(1), 75.0, ffn_widths=widths)
+    per_unit = 2 * cfg.num_tokens * cfg.d_model  # MACs of one FFN hidden unit
+    for m in (mag, rnd):
+        assert abs(toast.count_macs(m.config).total - target) <= per_unit * cfg.num_layers
+        assert m.config.qk_dims == pruned.config.qk_dims and m.config.v_dims == pruned.config.v_dims
+    # Random and static fc2 masks keep exactly TCS's channel counts.
+    rng = np.random.default_rng(0)
+    masks = exp.random_channel_masks(rng, {2: 128, 3: 128}, 0.9)
+    assert all(int(np.asarray(m).sum()) == toast.kept_channels(128, 0.9) for m in masks.values())
+    x = np.random.default_rng(1).random((8, 16, 16, 1)).astype(np.float32)
+    static = exp.static_channel_masks(model, x, (2, 3), 0.9, c)
+    assert all(int(np.asarray(m).sum()) == toast.kept_channels(128, 0.9) for m in static.values())
+
+
+def test_static_masks_pick_the_top_tcs_importance_and_ratio_zero_keeps_all():
+    cfg = _cfg()
+    model = ViT(cfg, rngs=nnx.Rngs(3))
+    c = exp.Config(d_model=16, num_heads=2, d_ff=32, num_layers=3, tcs_last_blocks=1)
+    x = np.random.default_rng(2).random((6, 16, 16, 1)).astype(np.float32)
+    assert np.all(np.asarray(exp.static_channel_masks(model, x, (2,), 0.0, c)[2]) == 1.0)
+    # Independent recomputation: block 2's FFN hidden activations from the intermediates.
+    out = model(jnp.asarray(x), return_intermediates=True)
+    h_in = out.intermediates["residuals"][2]
+    blk = model.layers[2]
+    a, _, row = blk.attn(blk.norm1(h_in), attn_row="cls")
+    r = h_in + a
+    hidden = jax.nn.gelu(blk.norm2(r) @ blk.w1[...] + blk.b1[...], approximate=False)
+    hid = np.abs(np.asarray(hidden, np.float64))
+    rw = np.asarray(row, np.float64).mean(0)[1:]
+    P = hid.shape[1] - 1
+    imp = 2.0 * hid[:, 0].mean(0) / (1 + P) + (hid[:, 1:] * rw[None, :, None]).mean((0, 1)) * P / (1 + P)
+    keep = toast.kept_channels(32, 0.5)
+    got = np.flatnonzero(np.asarray(exp.static_channel_masks(model, x, (2,), 0.5, c)[2]))
+    assert set(got) == set(np.argsort(-imp, kind="stable")[:keep])
+
+
+def test_config_rejects_bad_fields():
+    with pytest.raises(ValueError, match="toast_sparsity"):
+        exp.Config(toast_sparsity=60.0)
+    with pytest.raises(ValueError, match="tcs_last_blocks"):
+        exp.Config(tcs_last_blocks=4)
+    with pytest.raises(ValueError, match="couplings"):
+        exp.Config(couplings=("coupled",))
+
+
+def test_data_shapes_and_digits():
+    (xtr, ytr), (xte, yte) = exp._data(exp.Config(dataset="shapes", shapes_train=12, shapes_test=6))
+    assert xtr.shape == (12, 32, 32, 1) and xte.shape == (6, 32, 32, 1)
+    assert exp.vit_config(exp.Config(dataset="shapes"), 32).num_classes == 6
+    (xtr, ytr), _ = exp._data(exp.Config())
+    assert xtr.shape[1:] == (16, 16, 1) and exp.vit_config(exp.Config(), 16).num_classes == 10
+    # Nearest-neighbour upsampling: every 2x2 block repeats one digit pixel.
+    assert np.array_equal(xtr[:, ::2, ::2], xtr[:, 1::2, 1::2])
+    batch = exp._batch_fn(exp.Config(batch_size=5), xtr, ytr, offset=0)
+    b1, b2 = batch(3), batch(3)
+    assert b1["image"].shape == (5, 16, 16, 1) and np.array_equal(b1["image"], b2["image"])
