@@ -1,70 +1,36 @@
 """ToaSt: coupled head-wise structured pruning (SCWP) of attention + Token Channel Selection (TCS) of the FFN.
 
-Dimension legend: `b` batch, `n` tokens (class token at index 0 when the ViT has one), `P` patch
-tokens, `D` model width (C in the paper), `h` heads, `d` head dim (stored width of a head), `f`
-FFN hidden width, `L` layers.
+SCWP scores each head dimension by the geometric-median distance of its coupled rows (`[Q_h | K_h]`,
+`[V_h | O_h^T]`) and keeps the top `floor(d (100 - s) / 100)` dims of each pair in every head (block 0
+dense by default; the softmax scale stays `d^{-1/2}`). TCS, per forward pass and training-free, keeps
+the FFN input and hidden channels with the largest class-token plus attention-weighted patch magnitude.
 
-**SCWP (attention; offline, then fine-tune).** For head h of block l with rows
-`Q_h, K_h, V_h` [d, D] (one row per head dimension) and `O_h^T` [d, D] (the head's rows of the
-output projection), score each head dimension on the coupled matrices
+  Scores:    `gm_score`, `l1_score`, `l2_score`, `head_importance` (`SCORES` x `COUPLINGS` ablations).
+  SCWP:      `keep_count`, `HeadMasks`, `scwp_masks`, `mask_attention` (dense shapes, dropped rows zeroed),
+             `prune_attention` (folded to smaller per-head widths, `models.vit`), `scwp` (masks then fold).
+  TCS:       `TCSConfig`, `kept_channels`, `channel_importance`, `select_channels`, `tcs_hook`, `tcs_loss`.
+  FLOPs:     `MACs`, `count_macs` (every matmul, exact for any per-head / FFN widths, TCS ratios, tokens).
+  Baselines: `magnitude_masks` / `magnitude_prune` (L1 of coupled rows, optionally ragged), `random_masks` /
+             `random_prune`, `prune_ffn` (static), `ffn_widths_matching` (FFN width at TCS's MACs),
+             `magnitude_ffn_keep`, `random_ffn_keep`, `token_pruning_hook` / `match_token_keep` (EViT, MAC budget).
+  Training:  `finetune` (through `algorithms.training.fit`), `evaluate`.
 
-    W_QK = [Q_h | K_h],  W_VO = [V_h | O_h^T]      ([d, 2D])
-    gm(W)_i = || W_i - median_rows(W) ||_2            (lower median per column, as torch.median)
-    keep = floor(d * (100 - s) / 100)                 (s = head sparsity in %, default 90)
+Dimension legend: `b` batch, `n` tokens (class token at index 0 when the ViT has one), `P` patch tokens,
+`D` model width (C in the paper), `h` heads, `d` head dim, `f` FFN hidden width, `L` layers.
 
-and keep each head's top-`keep` dims of each pair: Q and K share one mask, V rows and O columns
-share another, every head keeps exactly `keep` dims (block 0 is left dense by default). Scores
-"l1" / "l2" (squared) and couplings "q_only", "k_only", "proj_only", "average" are the official
-ablations. `mask_attention` gives the masked form (dense shapes, dropped rows zeroed);
-`prune_attention` folds the masks into smaller per-head weights (`models.vit` widths), which is
-ToaSt's dense re-packed model and keeps its structure during fine-tuning by construction. The
-softmax scale stays the original `d^{-1/2}`. `finetune` trains a pruned model through
-`algorithms.training.fit` with `models.vit.classification_loss` (optionally with TCS active).
+Spec: papers/specs/inference_moe.md section 5 (SCWP, TCS and FLOPs in 5(b), ambiguities in 5(g)).
+As in the official code, TCS's masked stream replaces the residual; only the masked form is here (a dense gather
+differs through LayerNorm). `count_macs` charges the embedding for `P` patches (official counter: `n` tokens).
 
-**TCS (FFN; per forward pass, training-free).** In block l >= 1, with `X` [b, n, D] the residual
-stream after attention and `a` [b, n] the head-averaged class-token attention row:
-
-    imp_cls[c]   = lambda * mean_b |X[b, 0, c]|                    lambda = cls_weight = 2
-    S            = max(1, floor(P * rho)) patch indices drawn uniformly WITH replacement (rho = 0.02),
-                   or all patches when that is >= P
-    imp_patch[c] = mean_{b, j in S} |X[b, j, c]| * mean_b a[b, j]
-    imp[c]       = imp_cls[c] / (1 + P) + imp_patch[c] * P / (1 + P)
-    kept         = top_{max(1, floor(D (1 - r1)))}(imp)
-
-The selection is shared by the batch. The masked stream *replaces the residual* (dropped channels
-also vanish from the block output), then `h = gelu(fc1(LN(x_sel)))`; `h` is selected the same way
-with ratio r2 (scored on `h`) before fc2. We implement the masked form (what the paper's accuracy
-numbers use); the dense gather form differs through the LayerNorm statistics and is not here.
-
-**FLOPs** (`count_macs`, multiply-accumulates of every matmul, exact for any per-head widths,
-FFN widths, TCS ratios and token counts): patch embedding `P (p^2 c) D`; per block on `n` tokens
-`2 n D sum_h q_h` (q, k) + `2 n D sum_h v_h` (v, o) + `n^2 sum_h (q_h + v_h)` (scores, weighted
-sum) + `n kept1 f + n kept2 D` (fc1, fc2); classifier `D K`. For a dense block this is the paper's
-`4 n D^2 + 2 n^2 D + 2 n D f`. LayerNorm, softmax, GELU, bias adds and TCS scoring are not counted
-(as in the official counter). One difference from the official counter: it charges the patch
-embedding for `n` tokens (class token included, DiffRate's convention); we charge the `P` patches
-that are actually embedded.
-
-**Baselines at equal FLOPs.** `magnitude_prune`: the same head-dim structure scored by L1
-magnitude of the coupled rows (the official code's magnitude baseline), optionally ragged
-(`per_head=False`: the layer's budget allocated across heads by one ranking), plus static FFN
-hidden-unit pruning by `|fc1[:, j]|_1 + |fc2[j, :]|_1` to the width that matches TCS's FFN MACs
-(`ffn_widths_matching`); `random_prune`: uniformly random coupled head dims and FFN units at the
-same widths; `token_pruning_hook`: EViT-style top-k tokens by class-token attention after a
-block's attention (`match_token_keep` picks k for a MAC budget).
-
-Inferred parts (not in the official code or the spec's sources): TCS for a ViT without a class
-token (mean pooling) scores by magnitude over the sampled tokens, the spec's Swin default;
-`per_example=True` (a selection per image) is the spec's [infer] option; the masked form zeroes the
-biases of dropped rows too (the official masked form zeroes weights only; with coupled masks both
-give the same attention, since a dropped q/k dim then adds a key-independent constant to the
-logits), so masked and folded forms agree for every coupling ablation; the static-FFN part of the
-magnitude / random baselines and the EViT token-pruning rule are our choice of equal-FLOPs
-baselines (the paper compares with ToMe / DiffRate).
+INFERRED (not in the official code or the spec's sources):
+  * TCS without a class token (mean pooling) scores by magnitude over the sampled tokens (spec's Swin default);
+  * `per_example=True` (a selection per image) is the spec's [infer] option;
+  * the masked form zeroes the biases of dropped rows too, so masked and folded forms agree for every coupling;
+  * the static-FFN part of the magnitude / random baselines and the EViT rule are our equal-FLOPs baselines.
 
 References:
   ToaSt (ICML 2026), official code SHANNonLab-HUFS/ToaSt (toast/importance.py, weight_pruning.py,
-  token_channel.py, patch.py, flops.py); spec: papers/specs/inference_moe.md section 5.
+  token_channel.py, patch.py, flops.py).
   He et al., "Filter Pruning via Geometric Median for Deep CNN Acceleration", arXiv:1811.00250, 2019.
   Liang et al., "Not All Patches are What You Need: Expediting Vision Transformers via Token
   Reorganizations" (EViT), arXiv:2202.07800, 2022.

@@ -1,45 +1,26 @@
 """Vegas: verification-guided KV selection for self-speculative decoding with sparse drafting.
 
+The model drafts ``gamma`` tokens attending to a small KV subset, then verifies them with one full-attention pass;
+Vegas keeps two score rows of that pass per layer (first and last verification token) with their logsumexp and
+picks the next round's keys from them (one top-k set per layer, shared by all heads).
+
+  Selection: ``key_importance`` (mean softmax weight or raw score per key), ``sparse_budget`` / ``Budget``,
+             ``select_keys``, ``score_rows``, ``draft_key_mask`` (selected keys plus every key ``>= valid_len``).
+  Baselines: ``streaming_keep`` (StreamingLLM), ``page_bounds`` / ``quest_keep`` (Quest, via `primitives.quest`).
+  Decoding:  ``speculative_generate`` -> ``SpeculativeOutput`` (one ``jax.jit``, a ``lax.while_loop``) on a decoder
+             LM with the `models.Transformer` hooks ``score_rows=`` / ``sparse_decode=`` (`pallas_kernels.vegas`);
+             drafters (``DRAFTERS``: ``VegasDrafter``, ``StreamingDrafter``, ``QuestDrafter``, ``RandomDrafter``)
+             share it via ``refresh(VerifyInfo)`` / ``select(...)``; acceptance rules: `primitives.speculative`.
+Greedy output equals plain greedy decoding for any drafter, budget and gamma; sampled output has the target's law.
+
 Dimension legend: ``L`` layers, ``H`` query heads, ``R`` score rows kept from the verification block,
 ``N`` cache capacity (keys), ``K`` the largest budget (static), ``P`` pages.
 
-Self-speculative decoding drafts ``gamma`` tokens with the same model attending to a small subset of
-the KV cache, then verifies them with one full-attention pass over ``gamma + 1`` tokens. The
-verification pass already computes the exact attention of its newest queries over the whole cache;
-Vegas keeps, per layer, the raw scores of two of its rows (the first and the last verification
-token) and their logsumexp, and turns them into the KV subset for the next drafting round:
+Spec: papers/specs/inference_moe.md section 1 (method from the official code in 1(b), ambiguities in 1(g)).
 
-  * importance (``key_importance``, "weight" mode): ``m[j] = mean_{h, r} exp(tau S[h, r, j] - lse[h, r])``,
-    the mean softmax weight of key j over heads and the kept rows ("logit" mode: the mean raw score);
-  * budget (``sparse_budget``): ``clamp(ceil(ratio * seqlen), min_tokens, max_tokens)``, at most the
-    keys visible to the first verification row (``valid_len = seqlen - q_len + 1``);
-  * selection (``select_keys``): one top-k index set per layer, shared by all heads;
-  * drafting (``draft_key_mask``): a draft step attends to the selected keys plus every key at
-    position ``>= valid_len`` (the tokens accepted in the last verification and the drafts so far).
-
-Baseline drafters at the same budget: StreamingLLM (``streaming_keep``: a sink plus the most recent
-keys) and Quest (``page_bounds`` / ``quest_keep``: per-page min/max key bounds scored against the
-current query). Acceptance rules are ``primitives.speculative``.
-
-The decoding loop (``speculative_generate``) runs on any decoder LM with the `models.Transformer`
-hooks ``score_rows=`` (verification through `pallas_kernels.vegas.verify_attention`) and
-``sparse_decode=`` (draft steps through `pallas_kernels.vegas.sparse_decode_attention`). Every
-drafter is one object with two methods, so the baselines share the loop:
-
-  * ``refresh(info) -> selection``: after each verification (``VerifyInfo``: score rows, lse,
-    accepted counts, ``valid_len``, ``seqlen``, budget, the cache);
-  * ``select(selection, layer, q, keys) -> (indices [b, K], valid [b, K])``: the keys a draft step of
-    that layer reads besides the recent range.
-
-``VegasDrafter`` (top-k of the verification importance), ``StreamingDrafter`` (sink + window),
-``QuestDrafter`` (pages by min/max bounds against each draft step's own query) and
-``RandomDrafter`` (a uniform random subset; a losslessness check) are provided; plain
-autoregressive decoding is ``algorithms.decoding.generate``. One call is one ``jax.jit`` with a
-``lax.while_loop`` over iterations. Decoding starts by prefilling all prompt tokens but the last,
-then a verification of that token alone (``q_len = 1``: its single score row gives the first
-selection), so every row of a batch may have its own prompt length. Greedy output equals plain
-greedy decoding for any drafter, budget and gamma (tested); sampling uses speculative rejection
-sampling, whose output distribution is the target's.
+INFERRED (not in the official code): the first selection comes from a ``q_len = 1`` verification of the last
+prompt token after prefilling the rest (so each batch row may have its own prompt length); StreamingLLM keeps
+``sink`` keys plus a token window (official: pages); the Quest and random (losslessness check) drafters.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -54,8 +35,7 @@ References:
   Vegas: "Verification-Guided Self-Speculative Decoding" (arXiv:2602.07223; official code:
     platformxlab/vegas, `vllm/v1/spec_decode/sparse_attn/`).
   Xiao et al., "Efficient Streaming Language Models with Attention Sinks", arXiv:2309.17453, 2023.
-  Tang et al., "Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference",
-    arXiv:2406.10774, 2024.
+  Tang et al., "Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference", arXiv:2406.10774, 2024.
 """
 
 from __future__ import annotations

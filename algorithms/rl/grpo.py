@@ -1,62 +1,32 @@
 """An on-policy GRPO engine for the decoder LM: rollouts, rewards, advantages, clipped updates.
 
-Dimension legend: `B` prompts per batch, `G` samples per prompt (group size),
-`b` = B * G sequences (groups contiguous: rows g*G .. g*G+G-1 share prompt g),
-`P` padded prompt length, `N` max new tokens, `v` vocabulary.
+One RL iteration (`rl_step`; `train` runs many, with checkpoints and resume):
+  1. `sample_rollout`: G completions per prompt by `algorithms.decoding.generate`, with `old_logp`;
+  2. the task's `reward_fn` scores them on the host;
+  3. an `advantage_fn` gives constant advantages, [B, G] or [B, G, N] (default `grpo_advantage_fn`);
+  4. `update`: `num_inner_steps` jitted optimizer steps on `policy_losses.clipped_surrogate`, plus
+     `kl_coef` x k3 KL to a frozen reference and minus `entropy_coef` x mean token entropy.
+Helpers: `GRPOConfig`, `PromptBatch`, `Rollout`, `RLResult`, `init_state` (a `training.TrainState`),
+`assemble_sequences`, `policy_logprobs`, `text_reward` (per-sample text verifier -> batched reward).
+Everything differentiable is a pure function of `(graphdef, params)` (`nnx.to_pure_dict` params).
 
-One RL iteration (`train` runs many, `rl_step` runs one):
+Plugging in a task or method:
+  * `prompt_fn(iteration) -> PromptBatch(problems, tokens [B, P], lengths [B])`, deterministic in the iteration;
+  * `reward_fn(problems, completions [b, N], lengths [b]) -> [b]` (`problems` repeated per sample; shaping here);
+  * `advantage_fn(rollout) -> [B, G] or [B, G, N]`, e.g. `algorithms.rl.differential_smoothing.ds_advantage_fn`.
+KL / entropy coefficients are traced: runs differing only in them share one compilation. Runnable example:
+`tests/algorithms/rl/grpo_test.py`.
 
-  1. `sample_rollout`: each prompt is repeated G times and completed with
-     `algorithms.decoding.generate` (temperature sampling, stop tokens), which
-     also returns each token's log-prob under the sampling policy (`old_logp`).
-  2. The **reward function** scores every completion (host side, any Python).
-  3. The **advantage function** turns the rollout (rewards, old log-probs,
-     masks) into advantages, [B, G] per sequence or [B, G, N] per token. The
-     default is GRPO's group standardization (`grpo_advantage_fn`).
-  4. `update`: one jitted call that takes `num_inner_steps` optimizer steps on
-     the clipped surrogate (`primitives.policy_losses.clipped_surrogate`,
-     token-mean or sequence-mean), plus optionally `kl_coef` times the k3 KL to
-     a frozen reference policy and minus `entropy_coef` times the policy's
-     token entropy (positive = global entropy bonus, negative = penalty).
+Dimension legend: `B` prompts per batch, `G` samples per prompt, `b = B * G` sequences (groups
+contiguous), `P` padded prompt length, `N` max new tokens, `v` vocabulary.
 
-Everything differentiable is a pure function of `(graphdef, params)` (params
-is the plain nested dict of `nnx.to_pure_dict`, as in `algorithms.training`);
-the model is rebuilt inside with `nnx.merge`. The optimizer state lives in a
-`training.TrainState`, so `training.Checkpointer` saves and resumes runs.
+Spec: papers/specs/rl_alignment_agents.md section 1 (DS-GRPO, the first user) and its cross-cutting
+implementation notes (group advantages, clipped surrogate, k3 KL).
 
-How other methods plug in
--------------------------
-
-**A task** is two callables:
-
-  * `prompt_fn(position) -> PromptBatch(problems, tokens [B, P], lengths [B])`:
-    deterministic in `position` (the RL iteration), so resumed runs see the
-    same prompts. `problems` is any per-prompt Python object the reward needs.
-  * `reward_fn(problems, completions [b, N] int np.ndarray, lengths [b]) -> [b]`:
-    `problems` is already repeated per sample (length b). `text_reward` wraps
-    a per-sample `(problem, text) -> float` verifier and a tokenizer into one.
-    Reward shaping (format gates, structural terms, UNDO bonuses) goes here.
-
-**An advantage function** is `advantage_fn(rollout: Rollout) -> [B, G] or
-[B, G, N]`, called on host-side arrays before the jitted update (its output is
-a constant of the loss: no gradient flows through it). Examples:
-`grpo_advantage_fn(normalize_std=...)` (default) and
-`algorithms.rl.differential_smoothing.ds_advantage_fn(gamma_p, gamma_n)`, which
-adds a stop-gradient log-prob term on correct / incorrect samples.
-
-**Loss-level regularizers** (KL to a reference, entropy bonus/penalty) are
-fields of `GRPOConfig`; the coefficients are traced, so runs that differ only
-in them share one compilation.
-
-Example (see `tests/algorithms/rl/grpo_test.py` for a runnable one)::
-
-    cfg = GRPOConfig(group_size=8, max_new_tokens=8, temperature=1.0,
-                     stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
-    result = train(graphdef=graphdef, params=params, optimizer=optax.adam(1e-4),
-                   config=cfg, prompt_fn=prompt_fn,
-                   reward_fn=text_reward(tok, task.reward),
-                   advantage_fn=ds_advantage_fn(gamma_p=0.1, gamma_n=0.05),
-                   num_steps=100, seed=0, workdir="/tmp/run")
+INFERRED (engine choices, not from the papers):
+  * the optimized policy is the temperature-scaled softmax, so ratios compare like with like;
+  * the stop token belongs to the completion and gets a gradient;
+  * `entropy_coef > 0` is a global entropy bonus, `< 0` a penalty; minibatches are contiguous slices.
 
 References:
   Shao et al., "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open

@@ -1,60 +1,35 @@
 """Dem-HEC: entropy-guided fine-tuning ("repair") of a trained classifier for natural-corruption robustness.
 
-Dimension legend: ``b`` images, ``H``/``W``/``c`` image height, width, channels, ``v`` classes,
-``f`` feature (embedding) width, ``p`` projection width.
+Each step makes label-free high-entropy samples `x_he` by sign-gradient entropy ascent (random start) in an L-inf
+ball of radius eps around the clean batch, then minimizes CE on clean and `x_he` + a symmetric instance-level
+InfoNCE between projected `x_he` and clean embeddings + KD from a frozen snapshot of the starting model.
+A term whose weight is 0 is not computed, so every ablation removes its term exactly.
 
-The method (spec: papers/specs/vision_weights_envs.md section 1; the paper body and code were not
-available, so everything beyond the two abstracts is [INFER], the most literal reading of them):
+  Config / model: `DemHECConfig`, `BaselineConfig`, `DemHECModel` (adds the 2-layer projection head, dropped after
+                  training), `default_forward` (`model(x, return_features=True)`; pass `forward=` otherwise).
+  Terms, samples: `prediction_entropy`, `feature_entropy`, `info_nce`, `distillation_loss`, `reliance_concentration`,
+                  `high_entropy_samples`, `pgd_attack`.
+  Losses:         `dem_hec_loss` / `make_dem_hec_loss`, `gaussian_noise_loss`, `pgd_loss`, `make_loss` (`METHODS`).
+  Training:       `fine_tune` -> `FineTuneResult` (through `algorithms.training.fit`; per-image seeds in
+                  `batch["seed"]` make a step a deterministic function of its data position).
+  Evaluation:     `predict_logits`, `accuracy`, `corruption_accuracy`, `mean_corruption_accuracy`,
+                  `entropy_by_severity`.
+Baselines (clean CE, Gaussian noise, Madry PGD with the ascent's eps, K, alpha) share steps, batches and optimizer.
+Models must hold only `nnx.Param` state (no BatchNorm statistics), so attacks and evaluations cannot change them.
 
-  1. High-entropy samples, label-free: entropy ascent inside an L-inf ball of radius eps around a
-     clean batch x in [0, 1],
-         H(x') = -sum_c p_c log p_c,  p = softmax(f(x') / tau_H)           (entropy_kind "pred")
-         delta_0 ~ U(-eps, eps)  (random_start)
-         delta <- clip(delta + alpha * sign(grad_delta sum_i H(x_i + delta_i)), -eps, eps)
-         delta <- clip(x + delta, 0, 1) - x                                (K steps)
-         x_he = stop_gradient(x + delta).
-     ``entropy_kind="feat"`` ascends the normalised feature entropy H_feat of the (non-negative)
-     embedding instead (spec ambiguity 1).
-  2. The repair objective on (x, y) and x_he, with a frozen teacher snapshot f_T (the model at the
-     start of fine-tuning):
-         L = CE(f(x), y) + lambda_he * CE(f(x_he), y)
-           + lambda_con * InfoNCE(z_he, z_clean; tau_c)           z = normalize(proj(features))
-           + lambda_kd * tau_kd^2 * KL(softmax(f_T(x) / tau_kd) || softmax(f(x) / tau_kd)).
-     InfoNCE is instance-level (the positive of image i is its other view, the negatives the other
-     images of the batch) and symmetrised. ``proj`` is a 2-layer MLP f -> f -> p trained with the
-     model and discarded afterwards (`DemHECModel`). A term whose weight is 0 is not computed, so
-     every ablation removes its term exactly. KD compares teacher and student on the clean batch
-     (``kd_on="clean"``, default), on x_he, or on both (spec ambiguity 4).
+Dimension legend: `b` images, `H`/`W`/`c` height, width, channels, `v` classes, `f` feature width, `p` projection width.
 
-Baselines, at the same number of optimizer steps, the same batches and the same optimizer:
-  * clean fine-tuning: CE(f(x), y);
-  * Gaussian-noise augmentation: clean_weight * CE(f(x), y) + CE(f(clip(x + sigma_i n)), y), with a
-    per-image sigma_i ~ U(0, sigma_max) [INFER: the spec names the baseline only];
-  * PGD adversarial fine-tuning (Madry et al.): label-based L-inf PGD on CE with the same eps, K and
-    alpha as the entropy ascent (random start), loss clean_weight * CE(f(x), y) + CE(f(x_adv), y)
-    (clean_weight 0 by default: Madry's objective).
+Spec: papers/specs/vision_weights_envs.md section 1 (method and defaults in 1(b), ambiguities in 1(g)).
 
-Everything trains through `algorithms.training.fit` (jitted donated train step, orbax checkpoints,
-resume from `workdir`) with a custom `loss_fn`; randomness comes from per-image seeds stored in the
-batch (``batch["seed"]``), so a step is a deterministic function of its data position.
-
-Models: any NNX module mapping images [b, H, W, c] to logits [b, v]. The contrastive term and
-``entropy_kind="feat"`` also need the embedding: by default `default_forward` calls
-``model(images, return_features=True) -> (logits, features)`` (as `models.cnn.CNN` does); pass
-``forward=`` for another module. Models must hold only `nnx.Param` state (no BatchNorm statistics),
-so attacks and evaluations cannot change the model; this also settles the spec's "BN in eval mode".
-
-Not implemented from the spec's options: the L2 and "parametric" perturbation regions, the EMA
-teacher snapshot and the SupCon contrastive variant (ambiguities 2, 3, 5); the defaults are built.
-
-Defaults (spec section (b), "to be tuned; none come from the paper"): eps = 8/255, K = 3,
-alpha = 2.5 eps / K, tau_H = 1, lambda_he = 1, lambda_con = 0.5, tau_c = 0.1, lambda_kd = 1,
-tau_kd = 4, p = 128.
+INFERRED (the paper body and code are unavailable; everything beyond the two abstracts is [INFER]):
+  * the objective above and its defaults (spec 1(b): "to be tuned; none come from the paper");
+  * `entropy_kind="feat"` (normalized feature entropy, ambiguity 1) and `kd_on` clean / he / both (ambiguity 4);
+  * the Gaussian baseline's per-image `sigma ~ U(0, sigma_max)` (the spec names the baseline only);
+  * not built: L2 and "parametric" perturbation regions, EMA teacher, SupCon variant (ambiguities 2, 3, 5).
 
 References:
   Dem-HEC (ICML 2026; OpenReview forum CVqYCYpq75), no arXiv id available.
-  Madry, Makelov, Schmidt, Tsipras, Vladu, "Towards Deep Learning Models Resistant to Adversarial
-  Attacks", arXiv:1706.06083, 2017.
+  Madry et al., "Towards Deep Learning Models Resistant to Adversarial Attacks", arXiv:1706.06083, 2017.
   Hinton, Vinyals, Dean, "Distilling the Knowledge in a Neural Network", arXiv:1503.02531, 2015.
   van den Oord, Li, Vinyals, "Representation Learning with Contrastive Predictive Coding" (InfoNCE),
   arXiv:1807.03748, 2018.
