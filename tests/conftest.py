@@ -30,3 +30,20 @@ def pytest_collection_modifyitems(config, items):
         for marker in ("gpu", "tpu"):
             if marker in item.keywords and backend != marker:
                 item.add_marker(pytest.mark.skip(reason=f"needs a {marker.upper()}"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drops JAX's in-process caches of traced and compiled programs after each test module.
+
+    A worker runs hundreds of modules; without this it holds every program it ever compiled (5+ GB
+    per xdist worker by the end of the suite), and in cold-cache runs a worker segfaulted inside XLA's
+    CPU compiler late in the run. Programs a later module needs again load from the persistent cache.
+    """
+    yield
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
