@@ -340,36 +340,12 @@ def corrupted_sets(c: Config, images: np.ndarray, workdir: pathlib.Path) -> tupl
     return sets, out
 
 
-class _Evaluator:
-    """Logits of a model on many images, one compiled program per model structure (graphdef)."""
-
-    def __init__(self, batch_size: int):
-        self.batch_size = batch_size
-        self._fns: dict[Any, Any] = {}
-
-    def __call__(self, model: nnx.Module, images: np.ndarray) -> np.ndarray:
-        graphdef, state = nnx.split(model)
-        fn = self._fns.get(graphdef)
-        if fn is None:
-            def logits(s, x, graphdef=graphdef):
-                out = nnx.merge(graphdef, s)(x)
-                return out[0] if isinstance(out, tuple) else out
-            fn = self._fns[graphdef] = jax.jit(logits)
-        size, n, out = self.batch_size, images.shape[0], []
-        for start in range(0, n, size):
-            chunk = images[start:start + size]
-            pad = size - chunk.shape[0]
-            if pad:
-                chunk = np.concatenate([chunk, np.zeros((pad,) + chunk.shape[1:], chunk.dtype)])
-            out.append(np.asarray(fn(state, chunk))[: size - pad])
-        return np.concatenate(out)
-
-
-def evaluate(model: nnx.Module, evaluator: _Evaluator, clean: np.ndarray, labels: np.ndarray,
+def evaluate(model: nnx.Module, batch_size: int, clean: np.ndarray, labels: np.ndarray,
              corrupted: np.ndarray, sets: list[tuple[str, int]], c: Config) -> dict:
     """Clean and per-set accuracy and mean predictive entropy, plus per-image correctness means."""
     k, n = corrupted.shape[:2]
-    logits = evaluator(model, np.concatenate([clean, corrupted.reshape((k * n,) + corrupted.shape[2:])]))
+    logits = dh.predict_logits(model, np.concatenate([clean, corrupted.reshape((k * n,) + corrupted.shape[2:])]),
+                               batch_size=batch_size)
     correct = (logits.argmax(-1) == np.tile(labels, k + 1)).reshape(k + 1, n)
     entropy = np.asarray(dh.prediction_entropy(jnp.asarray(logits))).reshape(k + 1, n).mean(1)
     seen_rows = [i + 1 for i, (name, _) in enumerate(sets) if name in c.seen]
@@ -427,13 +403,12 @@ def sweep(c: Config, workdir: pathlib.Path) -> tuple[dict, dict, int]:
     train, (xte, yte) = _data(c)
     sets, corrupted = corrupted_sets(c, xte, workdir)
     timings["corruptions"] = time.perf_counter() - t0
-    evaluator = _Evaluator(c.eval_batch_size)
     results: dict[str, dict[str, Any]] = {}
     for arch in c.archs:
         t = time.perf_counter()
         base = train_base(c, arch, train, workdir)
         timings[f"{arch}_base_train"] = time.perf_counter() - t
-        results[arch] = {"base": evaluate(base, evaluator, xte, yte, corrupted, sets, c)}
+        results[arch] = {"base": evaluate(base, c.eval_batch_size, xte, yte, corrupted, sets, c)}
         lr = c.finetune_lr_scale * _base_lr(c, arch)
         opt = OptimizerConfig(learning_rate=lr, warmup_steps=0, total_steps=c.finetune_steps, end_lr_fraction=1.0,
                               weight_decay=0.0)
@@ -449,7 +424,7 @@ def sweep(c: Config, workdir: pathlib.Path) -> tuple[dict, dict, int]:
                 ft = dh.fine_tune(base, *train, method=method, num_steps=c.finetune_steps, batch_size=c.batch_size,
                                   optimizer_config=opt, config=cfg, baseline=c.baseline, forward=_forward(arch),
                                   seed=seed, log_every=max(1, c.finetune_steps // 3))
-                row = evaluate(ft.model, evaluator, xte, yte, corrupted, sets, c)
+                row = evaluate(ft.model, c.eval_batch_size, xte, yte, corrupted, sets, c)
                 row["steps"] = ft.steps
                 row["final_loss"] = float(ft.history[-1]["loss"]) if ft.history else float("nan")
                 cache.parent.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import zlib
@@ -685,8 +686,17 @@ def fine_tune(model: nnx.Module, images, labels, *, method: str, num_steps: int,
 # ------------------------------------------------------------------------------------ evaluation
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _state_logits(graphdef, state, images: jax.Array) -> jax.Array:
+    """`_logits` of the model `nnx.merge(graphdef, state)`: one compiled program per model structure."""
+    return _logits(nnx.merge(graphdef, state), images)
+
+
 def predict_logits(model: nnx.Module, images, *, batch_size: int = 512) -> np.ndarray:
-    """Logits [n, v] of images [n, H, W, c], jitted, in batches of `batch_size` (the last one padded)."""
+    """Logits [n, v] of images [n, H, W, c], jitted, in batches of `batch_size` (the last one padded).
+
+    Compiled once per model structure and batch shape (repeat calls on models of the same structure,
+    e.g. every fine-tuned arm, reuse the program)."""
     images = np.asarray(images, np.float32)
     if images.ndim != 4:
         raise ValueError(f"images must have shape [n, H, W, c]; got {images.shape}")
@@ -694,7 +704,6 @@ def predict_logits(model: nnx.Module, images, *, batch_size: int = 512) -> np.nd
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size}")
     graphdef, state = nnx.split(model)
-    fn = jax.jit(lambda s, x: _logits(nnx.merge(graphdef, s), x))
     n = images.shape[0]
     size = min(batch_size, max(n, 1))
     out = []
@@ -703,7 +712,7 @@ def predict_logits(model: nnx.Module, images, *, batch_size: int = 512) -> np.nd
         pad = size - chunk.shape[0]
         if pad:
             chunk = np.concatenate([chunk, np.zeros((pad,) + chunk.shape[1:], chunk.dtype)])
-        out.append(np.asarray(fn(state, chunk))[: size - pad])
+        out.append(np.asarray(_state_logits(graphdef, state, chunk))[: size - pad])
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 

@@ -97,7 +97,7 @@ def test_cached_evaluation_matches_the_librarys_corruption_accuracy(tmp_path):
     labels = rng.integers(0, 10, 12).astype(np.int32)
     model = CNN(CNNConfig(channels=(4,), hidden_dim=0, num_groups=1), rngs=nnx.Rngs(0))
     sets, corrupted = exp.corrupted_sets(c, images, tmp_path)
-    row = exp.evaluate(model, exp._Evaluator(7), images, labels, corrupted, sets, c)
+    row = exp.evaluate(model, 7, images, labels, corrupted, sets, c)
     table = dh.corruption_accuracy(model, images, labels, key=jax.random.key(c.eval_seed),
                                    names=("contrast", "defocus_blur"), severities=(2, 4))
     assert row["accuracy"] == {f"{n}/{s}": v for (n, s), v in table.items()}
