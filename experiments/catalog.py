@@ -521,7 +521,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="PRIM",
         arxiv=None,
         area="multimodal",
-        issue=None,
+        issue=30,
         code="algorithms/compression/prim.py",
         claim=(
             "Cooperative compression across the encoders and the language model"
@@ -541,7 +541,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="Hyper-ICL",
         arxiv="2606.04434",
         area="multimodal",
-        issue=None,
+        issue=30,
         code="algorithms/vision/hyper_icl.py",
         claim=(
             "A low-rank logit-level attention adapter with query-adaptive"
@@ -564,7 +564,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="Staged perception-reasoning VLM training",
         arxiv="2605.20177",
         area="multimodal",
-        issue=None,
+        issue=30,
         code="algorithms/vision/staged_posttraining.py",
         claim=(
             "Training visual perception first (with RL), then visual reasoning,"
@@ -629,7 +629,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="E2I-VRWKV",
         arxiv=None,
         area="vision",
-        issue=None,
+        issue=28,
         code="algorithms/vision/e2i_vrwkv.py",
         claim=(
             "Embedding epipolar-plane-image geometric priors and geometric-context"
@@ -644,7 +644,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="PLMD",
         arxiv="2605.05960",
         area="vision",
-        issue=None,
+        issue=28,
         code="algorithms/vision/plmd.py",
         claim=(
             "A DDPM that completes obstacle and semantic labels of unobserved"
@@ -663,7 +663,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="Active learning with FM priors",
         arxiv="2606.07630",
         area="vision",
-        issue=None,
+        issue=31,
         code="algorithms/active_learning/fm_priors.py",
         claim=(
             "Imbalance-aware co-decisions between a foundation model and a small"
@@ -683,7 +683,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="WeightCLIP",
         arxiv="2607.03551",
         area="weight_space",
-        issue=None,
+        issue=31,
         code="algorithms/weight_space/weightclip.py",
         claim=(
             "Contrastively aligning a weight autoencoder's latents with a dataset"
@@ -702,7 +702,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="MVProbe",
         arxiv="2605.23410",
         area="weight_space",
-        issue=None,
+        issue=31,
         code="algorithms/weight_space/mvprobe.py",
         claim=(
             "Fusing first-order probes with standardized Gram-based interaction"
@@ -724,7 +724,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="ROSA2",
         arxiv="2603.01375",
         area="alignment",
-        issue=None,
+        issue=29,
         code="algorithms/alignment/rosa2.py",
         claim=(
             "Jointly adapting instructions (words) and parameters (weights) at test"
@@ -742,7 +742,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="CAMP",
         arxiv=None,
         area="alignment",
-        issue=None,
+        issue=29,
         code="algorithms/alignment/camp.py",
         claim=(
             "Truthfulness and helpfulness preferences agree on most samples and"
@@ -762,7 +762,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="SafeThink",
         arxiv="2602.11096",
         area="alignment",
-        issue=None,
+        issue=29,
         code="algorithms/decoding/safethink.py",
         claim=(
             "Monitoring the reasoning trace with a safety reward model and"
@@ -784,7 +784,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="Style Modulation Heads",
         arxiv="2603.13249",
         area="alignment",
-        issue=None,
+        issue=29,
         code="algorithms/alignment/style_heads.py",
         claim=(
             "Three attention heads, localized by layer-wise cosine similarity and"
@@ -804,7 +804,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="EELMA",
         arxiv="2509.22504",
         area="agents",
-        issue=None,
+        issue=32,
         code="algorithms/agents/eelma.py",
         claim=(
             "Effective empowerment estimated from multi-turn text interactions is"
@@ -825,7 +825,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="MCP-Persona",
         arxiv="2606.02470",
         area="agents",
-        issue=None,
+        issue=32,
         code="algorithms/agents/mcp_persona.py",
         claim=(
             "A benchmark of simulated personal MCP applications (Reddit, Rednote,"
@@ -844,7 +844,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="AI grading of calculus",
         arxiv="2603.00895",
         area="agents",
-        issue=None,
+        issue=32,
         code="algorithms/agents/calculus_grading.py",
         claim=(
             "OCR-conditioned, rubric-guided LLM grading of handwritten calculus"
@@ -863,7 +863,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         short="MAFE",
         arxiv="2502.18534",
         area="agents",
-        issue=None,
+        issue=32,
         code="algorithms/fairness/mafe.py",
         claim=(
             "Multi-agent fair environments for loan processing, healthcare and"

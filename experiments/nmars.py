@@ -318,7 +318,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     verdict, reproduced, checks = _verdict(evals, c, len(prompts))
     metrics["checks"] = [ch.as_dict() for ch in checks]
     plots = [_plot(evals, history, workdir)]
-    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots}
+    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots,
+            "cause": "scale" if reproduced is False else None}
 
 
 def _se(p: float, n: int) -> float:
@@ -374,8 +375,9 @@ def _verdict(evals: dict, c: Config, n: int):
     claim = "masked SFT beats SFT and unmasked augmented SFT, and GRPO raises UNDO precision"
     verdict, reproduced = verdict_from_checks(
         checks, claim=claim, context=" ".join(parts),
-        cause="scale limit: the tiny model has not learned when to undo (one seed; differences within about two "
-              "standard errors are noise)")
+        cause="the tiny model has not learned when to undo: plain SFT already samples near its ceiling, so there "
+              "are few sampling errors to recover from, and masked SFT's UNDOs mostly erase correct tokens (one "
+              "seed; differences within about two standard errors are noise)", cause_class="scale")
     if not has_rl:  # the criterion needs the GRPO arm: nothing is decided
         head = f"{'Reproduced' if reproduced else 'Not reproduced'}: {claim}."
         verdict = "Not decided (no GRPO arm)." + verdict.removeprefix(head)
