@@ -1,5 +1,6 @@
 """Training: sharded == single device, interrupted+resumed == uninterrupted, schedule and mesh checks."""
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -23,10 +24,6 @@ def batch_fn(position):
     return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "loss_mask": mask}
 
 
-def max_abs_diff(a, b):
-    return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.abs(np.asarray(x) - np.asarray(y)).max()), a, b)))
-
-
 @pytest.fixture(scope="module")
 def single_device_run():
     return T.fit(model_fn=model_fn, optimizer_config=OPT, batch_fn=batch_fn, num_steps=6, log_every=1,
@@ -41,7 +38,7 @@ def test_sharded_2x2x2_equals_single_device(single_device_run):
     losses1 = [h["loss"] for h in single_device_run.history]
     losses8 = [h["loss"] for h in sharded.history]
     np.testing.assert_allclose(losses8, losses1, atol=1e-5)
-    assert max_abs_diff(sharded.state.params, single_device_run.state.params) < 1e-5
+    chex.assert_trees_all_close(sharded.state.params, single_device_run.state.params, atol=1e-5, rtol=0)
     # The state really is distributed: a matrix is split over fsdp and tensor.
     wq = sharded.state.params["layers"][0]["attn"]["wq"]
     assert wq.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
@@ -59,7 +56,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(single_device_run, tmp_pa
     resumed = T.fit(**kwargs)
     assert resumed.resumed_from == 3
     assert int(resumed.state.step) == 6
-    assert max_abs_diff(resumed.state.params, single_device_run.state.params) == 0.0
+    chex.assert_trees_all_equal(resumed.state.params, single_device_run.state.params)
     assert [h["step"] for h in resumed.history] == [1, 2, 3, 4, 5, 6]
     np.testing.assert_allclose([h["loss"] for h in resumed.history],
                                [h["loss"] for h in single_device_run.history], atol=0)
@@ -72,7 +69,7 @@ def test_resume_from_a_mid_run_checkpoint(single_device_run, tmp_path):
     T.fit(**kwargs, stop_after=4)
     resumed = T.fit(**kwargs)
     assert resumed.resumed_from == 4
-    assert max_abs_diff(resumed.state.params, single_device_run.state.params) == 0.0
+    chex.assert_trees_all_equal(resumed.state.params, single_device_run.state.params)
 
 
 def test_resuming_a_different_run_is_refused(tmp_path):

@@ -1,5 +1,6 @@
 """The small CNN: shapes, a float64 numpy forward pass, the classification loss, config checks, training."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,7 +56,8 @@ def test_layer_norm_and_no_norm_variants_run():
     for norm in ("layer", "none"):
         cfg = CNNConfig(num_classes=2, in_channels=1, channels=(3,), norm=norm, hidden_dim=0)
         out, feats = CNN(cfg, rngs=nnx.Rngs(0))(jnp.ones((2, 4, 4, 1)), return_features=True)
-        assert out.shape == (2, 2) and feats.shape == (2, 3) and np.isfinite(np.asarray(out)).all()
+        chex.assert_shape([out, feats], [(2, 2), (2, 3)])
+        chex.assert_tree_all_finite(out)
 
 
 def test_classification_loss_matches_float64_cross_entropy(model):

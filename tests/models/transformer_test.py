@@ -1,5 +1,6 @@
 """Decoder LM: KV-cache paths equal the full forward pass; hooks and intermediates behave as documented."""
 
+import chex
 import functools
 
 import jax
@@ -86,8 +87,8 @@ def test_hooks_identity_values_change_nothing(model):
     )
     np.testing.assert_allclose(hooked.logits, base.logits, atol=1e-6)
     inter = base.intermediates
-    assert inter["residuals"].shape == (c.num_layers + 1, 2, 6, c.d_model)
-    assert inter["head_outputs"].shape == (c.num_layers, 2, 6, c.num_heads, c.resolved_head_dim)
+    chex.assert_shape(inter["residuals"], (c.num_layers + 1, 2, 6, c.d_model))
+    chex.assert_shape(inter["head_outputs"], (c.num_layers, 2, 6, c.num_heads, c.resolved_head_dim))
     assert len(inter["ffn_aux"]) == c.num_layers
 
 

@@ -1,5 +1,6 @@
 """ViT: shapes, poolings, a float64 numpy reference (dense and ragged pruned widths), training, bad input."""
 
+import chex
 import dataclasses
 import math
 
@@ -85,9 +86,8 @@ def test_shapes_and_intermediates(pooling):
     assert cfg.num_tokens == n == (5 if pooling == "cls" else 4)
     assert out.logits.shape == (3, 3) and out.logits.dtype == jnp.float32
     it = out.intermediates
-    assert it["residuals"].shape == (3, 3, n, 8)
-    assert it["head_outputs"].shape == (2, 3, n, 2, 4)
-    assert it["attn_rows"].shape == (2, 3, n)
+    chex.assert_shape([it["residuals"], it["head_outputs"], it["attn_rows"]],
+                      [(3, 3, n, 8), (2, 3, n, 2, 4), (2, 3, n)])
     np.testing.assert_allclose(it["attn_rows"].sum(-1), 1.0, rtol=1e-5)  # a distribution over the keys
     assert hasattr(model, "cls_token") == (pooling == "cls")
     assert cfg.num_params() == sum(a.size for a in jax.tree.leaves(nnx.state(model, nnx.Param)))

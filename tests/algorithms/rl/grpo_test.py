@@ -1,5 +1,6 @@
 """The GRPO engine: rollout log-probs, sequence assembly, updates, learning, resume."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -78,8 +79,7 @@ def test_update_first_step_is_on_policy_and_zero_advantage_changes_nothing(polic
     assert float(metrics["ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
     assert abs(float(metrics["approx_kl"])) < 1e-5 and float(metrics["grad_norm"]) == 0.0
     assert int(new.step) == CFG.num_inner_steps
-    for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(params)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    chex.assert_trees_all_equal(new.params, params)
 
 
 def test_update_validates_advantages_and_reference(policy):
@@ -116,8 +116,7 @@ def test_training_raises_reward_and_resumes_exactly(policy, tmp_path):
     assert first.resumed_from is None and int(first.state.step) == 6 * CFG.num_inner_steps
     resumed = grpo.train(num_steps=12, workdir=tmp_path, checkpoint_every=6, **kwargs)
     assert resumed.resumed_from == 6
-    for a, b in zip(jax.tree.leaves(resumed.state.params), jax.tree.leaves(full.state.params)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(resumed.state.params, full.state.params, rtol=1e-5, atol=1e-6)
     assert [h["iteration"] for h in resumed.history] == list(range(1, 13))
     with pytest.raises(ValueError, match="fingerprint"):
         grpo.train(num_steps=12, workdir=tmp_path, **{**kwargs, "fingerprint": "other"})
