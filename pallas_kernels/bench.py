@@ -130,6 +130,7 @@ def bench_ops(repeats: int) -> list[dict]:
     rows.extend(_bench_kv_quant(q, kk, vv, lengths, repeats))
     rows.extend(_bench_qvg(repeats))
     rows.extend(_bench_vegas(repeats))
+    rows.extend(_bench_wkv(repeats))
     return rows
 
 
@@ -202,6 +203,44 @@ def _bench_qvg(repeats: int) -> list[dict]:
     shape = f"t{t} s{s} h{h}/{kh} d{d}"
     return [_row(f"qvg attention {kt.bits_per_element:.2f}b", shape, cost, times["qvg"]),
             _row("attention bf16", shape, dense, times["dense"])]
+
+
+def _bench_wkv(repeats: int, seq_lens=(256, 1024, 4096), channels: int = 256, heads: int = 4) -> list[dict]:
+    """Bi-WKV (linear-time XLA path) against sequence length, beside dense softmax attention (quadratic) over
+    the same tokens and width (``heads`` heads of ``channels / heads``); both timed interleaved in one run.
+    Prints, per length, each one's wall-time growth since the first length, their wall and FLOP ratios."""
+    from pallas_kernels import wkv as wkv_kernels
+
+    d = channels // heads
+    f = jax.jit(lambda w, u, k, v: wkv_kernels.bi_wkv(w, u, k, v, implementation="xla"))
+    g = jax.jit(lambda q, k, v: attn_ref.attention(q, k, v))
+    rows, first = [], None
+    for t in seq_lens:
+        key = jax.random.split(jax.random.key(3), 5)
+        # Vision-RWKV's fancy-init range of decays (-5..3) and bonuses, divided by t as the model does.
+        w = jnp.linspace(-5.0, 3.0, channels) / t
+        u = jnp.log(0.3) + 0.5 * ((jnp.arange(channels) + 1) % 3 - 1.0) / t
+        k, v, q = (_normal(key[i], (1, t, channels)) for i in range(3))
+        heads_of = lambda x: x.reshape(1, t, heads, d)
+        times = _timed({"wkv": lambda: f(w, u, k, v), "attn": lambda: g(heads_of(q), heads_of(k), heads_of(v))},
+                       repeats)
+        first = first or times
+        cost = wkv_kernels.bi_wkv_cost(batch=1, seq_len=t, channels=channels)
+        dense = flash_cost(batch=1, q_len=t, kv_len=t, num_heads=heads, num_kv_heads=heads, head_dim=d, itemsize=4,
+                           causal=False)
+        row = _row("bi_wkv xla (linear)", f"b1 t{t} c{channels}", cost, times["wkv"])
+        row.update({"growth_vs_first": times["wkv"] / first["wkv"], "attention_ms": times["attn"] * 1e3,
+                    "attention_growth_vs_first": times["attn"] / first["attn"],
+                    "wall_ratio_vs_attention": times["wkv"] / times["attn"],
+                    "flops_ratio_vs_attention": cost.flops / dense.flops,
+                    "bytes_ratio_vs_attention": cost.bytes_accessed / dense.bytes_accessed})
+        rows += [row, _row("attention (quadratic)", f"b1 t{t} h{heads} d{d}", dense, times["attn"])]
+        print(f"bi_wkv t={t} ({t // seq_lens[0]}x tokens): wall {times['wkv'] * 1e3:.2f} ms "
+              f"({row['growth_vs_first']:.1f}x), attention {times['attn'] * 1e3:.2f} ms "
+              f"({row['attention_growth_vs_first']:.1f}x); bi_wkv / attention: wall "
+              f"{row['wall_ratio_vs_attention']:.3f}, "
+              f"modeled FLOPs {row['flops_ratio_vs_attention']:.4f}, bytes {row['bytes_ratio_vs_attention']:.3f}")
+    return rows
 
 
 def _bench_kv_quant(q, k, v, lengths, repeats: int) -> list[dict]:

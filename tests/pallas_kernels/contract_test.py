@@ -28,6 +28,7 @@ from pallas_kernels.grouped_matmul import GmmBlockSizes, grouped_matmul
 from pallas_kernels.kv_quant import QuantDecodeBlockSizes, dequantize, quantize, quantized_decode_attention
 from pallas_kernels.qvg import QVGAttentionBlockSizes, kmeans_assign, qvg_attention
 from pallas_kernels.vegas import sparse_decode_attention, verify_attention
+from pallas_kernels.wkv import bi_wkv
 from primitives import ffd as ffd_ref
 from primitives import quantization as qz
 from primitives import residual_quantization as rq
@@ -215,6 +216,20 @@ def _vegas_sparse(impl, d):
 for _d, _platforms in ((128, ("tpu", "cuda")), (64, ("tpu",))):
     lowering_case("vegas", "verify", platforms=_platforms, d=_d)(_vegas_verify)
     lowering_case("vegas", "sparse_decode", platforms=_platforms, d=_d)(_vegas_sparse)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# wkv
+
+
+@lowering_case("wkv", "bi_wkv")
+def _wkv(impl):
+    def f(w, u, k, v):  # forward kernel + gradient (the backward is the XLA primitive's VJP)
+        return jax.value_and_grad(lambda kk: bi_wkv(w, u, kk, v, implementation=impl, interpret=False)
+                                  .astype(jnp.float32).sum())(k)
+
+    return f, (sd((192,), jnp.float32), sd((192,), jnp.float32), sd((4, 196, 192), jnp.bfloat16),
+               sd((4, 196, 192), jnp.bfloat16))
 
 
 # ---------------------------------------------------------------------------------------------------------
