@@ -672,6 +672,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " active-learning baseline."
         ),
         paper_result=">50% annotation savings vs best active-learning baseline",
+        status="implemented",
     ),
     # ------------------------------------------------------------------ weight_space
     CatalogEntry(
@@ -752,6 +753,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " benchmarks."
         ),
         paper_result="truthfulness up, helpfulness kept (no numbers in spec)",
+        status="implemented",
     ),
     CatalogEntry(
         slug="safethink",
@@ -774,6 +776,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         paper_result=(
             "ASR -30-60% (63.33% -> 5.74%); MathVista 65.20% -> 65.00%"
         ),
+        status="implemented",
     ),
     CatalogEntry(
         slug="style_heads",
@@ -796,6 +799,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
             "3 heads suffice; better trait-coherency Pareto front than residual"
             " steering"
         ),
+        status="implemented",
     ),
     # ------------------------------------------------------------------ agents
     CatalogEntry(
@@ -853,6 +857,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " (over 90% score agreement; spec: uncertain)."
         ),
         paper_result="strong TA agreement (>90%; spec: uncertain)",
+        status="implemented",
     ),
     CatalogEntry(
         slug="mafe",
