@@ -819,6 +819,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         paper_result=(
             "Spearman 0.94/0.83/0.87 with return on WebArena (spec: uncertain)"
         ),
+        status="implemented",
     ),
     CatalogEntry(
         slug="mcp_persona",
