@@ -870,12 +870,13 @@ CATALOG: tuple[CatalogEntry, ...] = (
         arxiv="2502.18534",
         area="agents",
         issue=32,
-        code="algorithms/fairness/mafe.py",
+        code="algorithms/fairness/mafe/",
         claim=(
             "Multi-agent fair environments for loan processing, healthcare and"
             " higher education expose trade-offs between fairness, performance and"
             " coordination that single-decision fairness methods miss."
         ),
         paper_result="qualitative trade-offs (no numbers in spec)",
+        status="implemented",
     ),
 )
