@@ -343,8 +343,10 @@ def headline(metrics: Mapping[str, Any]) -> str:
     def th(k):
         return f"{float(ev[k]['truthfulness']):.2f}/{float(ev[k]['helpfulness']):.2f}"
 
-    return (f"question world, tiny LM, truth/help: CAMP {th('camp')} vs help-DPO {th('dpo_help')}, mixture "
-            f"{th('mixture')}, truth-DPO {th('dpo_truth')}; conflicts "
+    held = {k: float(v["heldout"]["truthfulness"]) for k, v in metrics["eval"].items()}
+    return (f"question world, tiny LM, truth/help on preference questions: CAMP {th('camp')} vs help-DPO "
+            f"{th('dpo_help')}, mixture {th('mixture')}, truth-DPO {th('dpo_truth')}; held-out truthfulness CAMP "
+            f"{held['camp']:.2f} vs help-DPO {held['dpo_help']:.2f} (SFT {held['sft']:.2f}); conflicts "
             f"{float(metrics['pairs']['conflict_fraction']):.0%} of pairs")
 
 
