@@ -637,6 +637,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " mIoU on UrbanLF-Real, beating prior state of the art at linear cost."
         ),
         paper_result="86.55% mIoU on UrbanLF-Real",
+        status="implemented",
     ),
     CatalogEntry(
         slug="plmd",

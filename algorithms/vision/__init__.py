@@ -1,0 +1,5 @@
+"""Vision methods: E2I-VRWKV light-field segmentation (`algorithms.vision.e2i_vrwkv`)."""
+
+from algorithms.vision.e2i_vrwkv import E2IConfig, E2IVRWKV, epi_structure_tensor, mean_iou
+
+__all__ = ["E2IConfig", "E2IVRWKV", "epi_structure_tensor", "mean_iou"]
