@@ -10,6 +10,10 @@ Public names:
     exactly (models.induction; the Vegas and FFD workloads).
   ViTConfig, ViT, ViTOutput, classification_loss: a Vision Transformer classifier with prunable
     per-head widths and FFN / token hooks (models.vit; ToaSt).
+
+Modules imported directly (not re-exported): models.cnn (a small CNN classifier; Dem-HEC),
+models.video (a chunk-autoregressive video transformer; QVG), models.vrwkv (Vision-RWKV blocks and a
+segmenter; E2I-VRWKV), models.sae (top-k sparse autoencoders; RouterInterp), models.ppm (PPM).
 """
 
 from models.kv_cache import KVCache, init_cache

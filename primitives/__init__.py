@@ -9,8 +9,10 @@ Modules:
   ffd: Faster Flash Decoding reference: low-bit key pages, top-delta / top-k page selection, sparse decode.
   gaussian_sup: expected suprema of Gaussian vectors (quadrature, Monte Carlo, correlated variants).
   kmeans: batched Lloyd k-means with deterministic centroid updates.
+  linear_attention: the bidirectional WKV of Vision-RWKV (quadratic reference, linear-time scans) and Q-Shift.
   malliavin: Euler-Maruyama paths, first variation, Malliavin derivative and adjoint sums.
   policy_losses: RL post-training losses (GRPO advantages, clipped surrogate, KL, pass@k).
+  preference_losses: DPO, margin-DPO, IPO and SimPO on policy and reference log-probs.
   probabilistic_metrics: forecast scores (CRPS, PIT calibration, interval coverage, QICE).
   quantization: group-wise integer quantization with packed codes (symmetric / asymmetric).
   quest: Quest page selection (per-page key bounds, query-aware upper bounds, top pages).

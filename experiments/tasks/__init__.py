@@ -21,6 +21,10 @@
     the constructed induction LM `models.induction` (Vegas, FFD); import the module.
   * `shapes`: generated 32x32 images of six shape classes (ToaSt's paper preset); import
     the module.
+  * `calculus_work` (AI grading), `question_world` (CAMP), `safety_traces` (SafeThink),
+    `style_corpus` (Style Modulation Heads), `text_envs` (EELMA: text gridworld and tool shop, graded
+    agents), `light_fields` (E2I-VRWKV: layered scenes rendered to sub-aperture views): import the
+    modules.
 
 Every generator is numpy-only and deterministic given its seeds.
 """
