@@ -47,35 +47,10 @@ SMOKE = os.environ.get("SMOKE", "0") == "1"
 RUN_EXPERIMENTS = os.environ.get("RUN_EXPERIMENTS", "0") == "1" and not SMOKE
 
 # %%
-import json
-import pathlib
-
 import jax
 import numpy as np
 
-import experiments
 from experiments import report
-
-RESULTS = pathlib.Path(experiments.__file__).resolve().parents[1] / "results"
-
-
-def show_result(slug: str) -> dict:
-    """Reruns the quick preset if asked, then prints the stored verdict and the catalog's headline."""
-    if RUN_EXPERIMENTS:
-        report.run_experiment(slug, "quick", results_dir=RESULTS)
-    path = RESULTS / slug / "quick" / "result.json"
-    if not path.exists():
-        print(f"no stored result at {path}; run `python -m experiments run {slug} --preset quick`")
-        return {}
-    result = json.loads(path.read_text())
-    module = __import__(f"experiments.{slug}", fromlist=["headline"])
-    print("reproduced:", result["reproduced"], "| cause:", result.get("cause"))
-    print("ours:", module.headline(result["metrics"]))
-    for check in result["metrics"]["checks"]:
-        print(f"  {'PASS' if check['passed'] else 'FAIL'} {check['name']}: {check['measured']}"
-              f" (pass if {check['threshold']}){'' if check.get('required', True) else ' [not required]'}")
-    return result
-
 
 print("JAX", jax.__version__, "on", jax.default_backend())
 
@@ -100,7 +75,7 @@ ratings[1, ::3] = np.nan  # TA-2 graded two thirds of the items
 print("Krippendorff's alpha (interval):", round(cg.krippendorff_alpha(ratings, metric="interval"), 3))
 
 # %%
-grading_result = show_result("calculus_grading")
+grading_result = report.show_result("calculus_grading", rerun=RUN_EXPERIMENTS)
 
 # %% [markdown]
 # ## 2. Empowerment of text agents
@@ -120,7 +95,7 @@ for name, agent in [("planner eps=0.1", text_envs.epsilon_agent(env, 0.1)),
           f"success {text_envs.exact_success(env, agent):.2f}")
 
 # %%
-eelma_result = show_result("eelma")
+eelma_result = report.show_result("eelma", rerun=RUN_EXPERIMENTS)
 
 # %% [markdown]
 # ## 3. MAFE: a fair loan environment through PettingZoo
@@ -144,4 +119,4 @@ for t in range(3):
 parallel_api_test(MAFEParallelEnv(LoanMAFE(num_individuals=100, horizon=4)), num_cycles=5)
 
 # %%
-mafe_result = show_result("mafe")
+mafe_result = report.show_result("mafe", rerun=RUN_EXPERIMENTS)

@@ -47,37 +47,12 @@ SMOKE = os.environ.get("SMOKE", "0") == "1"
 RUN_EXPERIMENTS = os.environ.get("RUN_EXPERIMENTS", "0") == "1" and not SMOKE
 
 # %%
-import json
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import experiments
 from experiments import report
-
-RESULTS = pathlib.Path(experiments.__file__).resolve().parents[1] / "results"
-
-
-def show_result(slug: str) -> dict:
-    """Reruns the quick preset if asked, then prints the stored verdict and the catalog's headline."""
-    if RUN_EXPERIMENTS:
-        report.run_experiment(slug, "quick", results_dir=RESULTS)
-    path = RESULTS / slug / "quick" / "result.json"
-    if not path.exists():
-        print(f"no stored result at {path}; run `python -m experiments run {slug} --preset quick`")
-        return {}
-    result = json.loads(path.read_text())
-    module = __import__(f"experiments.{slug}", fromlist=["headline"])
-    print("reproduced:", result["reproduced"], "| cause:", result.get("cause"))
-    print("ours:", module.headline(result["metrics"]))
-    for check in result["metrics"]["checks"]:
-        print(f"  {'PASS' if check['passed'] else 'FAIL'} {check['name']}: {check['measured']}"
-              f" (pass if {check['threshold']}){'' if check.get('required', True) else ' [not required]'}")
-    return result
-
 
 print("JAX", jax.__version__, "on", jax.default_backend())
 
@@ -104,7 +79,7 @@ print("conflicting:", camp.detect_conflicts(delta_t, delta_h))
 print("CAMP loss per pair:", camp.camp_loss(pc, pr, rc, rr, delta_t, delta_h))
 
 # %%
-camp_result = show_result("camp")
+camp_result = report.show_result("camp", rerun=RUN_EXPERIMENTS)
 
 # %% [markdown]
 # ## 2. Style Modulation Heads
@@ -133,7 +108,7 @@ print("hook points:", sorted(vectors), "| head z-scores at layer 1:", np.round(n
 print("mean |logit change| from steering 2 heads:", float(jnp.abs(steered - model(jnp.asarray(pos)).logits).mean()))
 
 # %%
-style_result = show_result("style_heads")
+style_result = report.show_result("style_heads", rerun=RUN_EXPERIMENTS)
 
 # %% [markdown]
 # ## 3. SafeThink
@@ -162,4 +137,4 @@ for r in range(4):
           f"({int(safe.interventions[r])} interventions, {int(safe.rejected_tokens[r])} rejected tokens)")
 
 # %%
-safethink_result = show_result("safethink")
+safethink_result = report.show_result("safethink", rerun=RUN_EXPERIMENTS)

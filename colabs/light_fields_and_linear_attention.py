@@ -46,18 +46,14 @@ RUN_EXPERIMENTS = os.environ.get("RUN_EXPERIMENTS", "0") == "1" and not SMOKE
 
 # %%
 import dataclasses
-import json
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import experiments
 from experiments import report
 
-RESULTS = pathlib.Path(experiments.__file__).resolve().parents[1] / "results"
 print("JAX", jax.__version__, "on", jax.default_backend())
 
 # %% [markdown]
@@ -110,15 +106,4 @@ plain = e2i.E2IVRWKV(dataclasses.replace(config, angular=False, ecma=False, epi_
 print("plain VRWKV logits", plain(jnp.asarray(scenes.views)).shape)
 
 # %%
-if RUN_EXPERIMENTS:
-    report.run_experiment("e2i_vrwkv", "quick", results_dir=RESULTS)
-path = RESULTS / "e2i_vrwkv" / "quick" / "result.json"
-if path.exists():
-    result = json.loads(path.read_text())
-    from experiments import e2i_vrwkv as exp
-
-    print("reproduced:", result["reproduced"], "| cause:", result.get("cause"))
-    print("ours:", exp.headline(result["metrics"]))
-    for check in result["metrics"]["checks"]:
-        print(f"  {'PASS' if check['passed'] else 'FAIL'} {check['name']}: {check['measured']}"
-              f" (pass if {check['threshold']}){'' if check.get('required', True) else ' [not required]'}")
+e2i_result = report.show_result("e2i_vrwkv", rerun=RUN_EXPERIMENTS)

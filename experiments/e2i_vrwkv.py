@@ -53,8 +53,6 @@ block hurts), "bug" for a failed cost check.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import time
 from typing import Any, Mapping
@@ -68,6 +66,7 @@ from flax import nnx
 from algorithms.vision import e2i_vrwkv as e2i
 from experiments import _plotting as plotting
 from experiments import registry, report
+from experiments._cache import cached
 from experiments.checks import Check, verdict
 from experiments.tasks import light_fields as lf
 from models import vit as vit_lib
@@ -191,16 +190,6 @@ def _data(c: Config):
     return train, test
 
 
-def _cached(workdir: epath.Path, key: dict, fn):
-    """Per-unit result cache so that an interrupted run resumes from its workdir."""
-    h = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = workdir / "cache" / f"{h}.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    out = fn()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out))
-    return out
 
 
 def train_eval(c: Config, variant: str, seed: int, train, test) -> dict:
@@ -365,7 +354,7 @@ def run(c: Config, workdir) -> dict:
     res = {v: [] for v in c.variants}
     for v in c.variants:
         for s in c.seeds:
-            res[v].append(_cached(workdir, {"cfg": base, "variant": v, "seed": s},
+            res[v].append(cached(workdir, {"cfg": base, "variant": v, "seed": s},
                                   lambda: train_eval(c, v, s, train, test)))
     cost = {"flops": {v: [modeled_flops(c, v, size) for size in c.cost_sizes] for v in set(c.variants) | {"vit"}},
             "seconds": {v: [measure_forward(c, v, size) for size in c.cost_sizes] for v in ("full", "plain", "vit")

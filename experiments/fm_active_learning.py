@@ -39,8 +39,6 @@ Recipe:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import pathlib
 from typing import Any, Mapping
 
@@ -54,6 +52,7 @@ from etils import epath
 from algorithms.active_learning import fm_priors, learner, noise, selection
 from experiments import _plotting as plotting
 from experiments import registry, report
+from experiments._cache import cached
 from experiments.checks import Check
 from experiments.checks import verdict as verdict_from_checks
 
@@ -243,16 +242,6 @@ def _run_noise(c: Config, rate: float, data: list[dict]) -> dict:
     return out
 
 
-def _cached(workdir, key: dict, fn):
-    """Per-unit result cache so that an interrupted run resumes from its workdir."""
-    h = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = epath.Path(workdir) / "cache" / f"{h}.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    out = fn()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out))
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ analysis
@@ -322,7 +311,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     base = {k: v for k, v in dataclasses.asdict(c).items() if k != "progress"}
     results = {}
     for rate in tqdm.tqdm(c.noise_rates, desc="fm_active_learning: noise rates", disable=not c.progress):
-        results[rate] = _cached(workdir, {"v": _CACHE_VERSION, "cfg": base, "rate": rate},
+        results[rate] = cached(workdir, {"v": _CACHE_VERSION, "cfg": base, "rate": rate},
                                 lambda rate=rate: _run_noise(c, rate, data))
 
     budgets = np.asarray(results[c.noise_rates[0]]["labels"][OURS][0], dtype=np.float64)

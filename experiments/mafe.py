@@ -33,8 +33,6 @@ Recipe:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import pathlib
 from typing import Any, Mapping
 
@@ -51,6 +49,7 @@ from algorithms.fairness.mafe.loan import LoanMAFE, loan_policy
 from experiments import _plotting as plotting
 from experiments import checks as checks_lib
 from experiments import registry, report
+from experiments._cache import cached
 from experiments.checks import Check
 
 _CACHE_VERSION = 1
@@ -100,15 +99,8 @@ def _validate(c: Config) -> None:
 
 
 def _cached(workdir, key: dict, fn):
-    """Per-unit JSON cache so that an interrupted run resumes from its workdir."""
-    h = hashlib.sha1(json.dumps({"v": _CACHE_VERSION, **key}, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = epath.Path(workdir) / "cache" / f"{h}.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    out = fn()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out))
-    return out
+    """`experiments._cache.cached` with this module's cache version in the key."""
+    return cached(workdir, {"v": _CACHE_VERSION, **key}, fn)
 
 
 def _cem_kwargs(c: Config, iterations: int | None = None) -> dict:

@@ -35,8 +35,6 @@ Recipe:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import pathlib
 from typing import Any, Mapping
 
@@ -48,6 +46,7 @@ from algorithms.optimization import online_covering as oc
 from experiments import _plotting as plotting
 from experiments import checks as checks_lib
 from experiments import registry, report
+from experiments._cache import cached
 from experiments.checks import Check
 
 WRAPPERS = ("online", "trust", "lazy", "robust")
@@ -187,16 +186,6 @@ def _diamond(c: Config, s: int) -> list[dict]:
     return rows
 
 
-def _cached(workdir: pathlib.Path, key: dict, fn):
-    """Per-unit result cache so that an interrupted run resumes from its workdir."""
-    h = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = workdir / "cache" / f"{h}.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    out = fn()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out))
-    return out
 
 
 def _aggregate(rows: list[dict], keys=WRAPPERS) -> dict:
@@ -248,9 +237,9 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     units = [(label, factory, k, s) for (label, factory, k) in inst for s in range(c.seeds)]
     per = {label: [] for label, _, _ in inst}
     for label, factory, k, s in tqdm.tqdm(units, desc="online_covering", disable=not c.progress):
-        per[label].append(_cached(workdir, {"cfg": base, "label": label, "seed": s},
+        per[label].append(cached(workdir, {"cfg": base, "label": label, "seed": s},
                                   lambda: _one_seed(label, factory, k, c, s)))
-    diamond = [_cached(workdir, {"cfg": base, "diamond": s}, lambda: _diamond(c, s))
+    diamond = [cached(workdir, {"cfg": base, "diamond": s}, lambda: _diamond(c, s))
                for s in tqdm.trange(c.seeds, desc="diamond", disable=not c.progress)]
 
     bound = oc.robust_constant(c.lam)

@@ -43,7 +43,10 @@ from experiments import checks as checks_lib
 from experiments import registry
 
 __all__ = ["run_experiment", "default_workdir", "write_report", "report_path", "load_results", "savefig",
-           "paper_status", "PaperStatus"]
+           "paper_status", "PaperStatus", "show_result", "REPO_RESULTS"]
+
+# The checkout's results folder (what `make reproduce` writes); absent in a plain `pip install`.
+REPO_RESULTS = epath.Path(__file__).resolve().parents[1] / "results"
 
 
 def _jsonable(x: Any) -> Any:
@@ -179,6 +182,33 @@ def load_results(results_dir: str | os.PathLike = "results", *, preset: str | No
              if p.parent.name in registry.PRESETS]
     return sorted(found, key=lambda r: (order.get(r["slug"], len(order)), registry.PRESETS.index(r["preset"])
                                         if r["preset"] in registry.PRESETS else 9))
+
+
+def show_result(slug: str, *, preset: str = "quick", results_dir: str | os.PathLike = REPO_RESULTS,
+                rerun: bool = False) -> dict:
+    """Prints a stored result the way the notebooks read it: reproduced, cause, the catalog's "ours"
+    cell (the experiment's ``headline``) and every claim check; returns the result dict ({} if none).
+
+    Args:
+      slug: the experiment.
+      preset: whose ``<slug>/<preset>/result.json`` to read.
+      results_dir: where results live (default: this checkout's ``results/``).
+      rerun: run the preset first (`run_experiment`), which writes a fresh result there.
+    """
+    if rerun:
+        run_experiment(slug, preset, results_dir=results_dir)
+    path = epath.Path(results_dir) / slug / preset / "result.json"
+    if not path.exists():
+        print(f"no stored result at {path}; run `python -m experiments run {slug} --preset {preset}`")
+        return {}
+    result = json.loads(path.read_text())
+    print("reproduced:", result["reproduced"], "| cause:", result.get("cause"))
+    print("ours:", importlib.import_module(f"experiments.{slug}").headline(result["metrics"]))
+    for check in result["metrics"].get("checks", []):
+        note = "" if check.get("required", True) else " [not required]"
+        print(f"  {'PASS' if check['passed'] else 'FAIL'} {check['name']}: {check['measured']} "
+              f"(pass if {check['threshold']}){note}")
+    return result
 
 
 class PaperStatus(NamedTuple):
