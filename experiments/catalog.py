@@ -715,6 +715,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         paper_result=(
             "Model Jungle: 92.24 vs 81.61 (ResNet), 78.29 vs 72.54 (DINO) vs ProbeX"
         ),
+        status="implemented",
     ),
     # ------------------------------------------------------------------ alignment
     CatalogEntry(

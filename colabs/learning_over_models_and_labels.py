@@ -1,0 +1,108 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.7
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Learning over models and labels: model zoos, MVProbe, active learning with FM priors
+#
+# How to call the methods of issue 31's papers that exist so far and read their results:
+#
+# - the model zoo (`algorithms.weight_space.zoo`): small MLPs trained with `jax.vmap` on variants of
+#   the bundled digits, and the hidden-unit permutation symmetry of their weights;
+# - MVProbe (`algorithms.weight_space.mvprobe`): first-order and Gram views of a weight matrix, against
+#   ProbeX, to predict what a model was trained on;
+# - active learning under class imbalance and label noise (`algorithms.active_learning`): the
+#   selection rules (margin, entropy, coreset, DIRECT) and the foundation-model-prior co-decision.
+#
+# WeightCLIP is not built yet. Set RUN_EXPERIMENTS=1 to rerun the quick presets here (minutes).
+
+# %%
+# Setup: on Colab, install the library from its repository (set REPO_URL to your
+# copy). Elsewhere the package is expected to be installed already (`make test`
+# or `pip install -e .`).
+import os
+import sys
+
+REPO_URL = os.environ.get("ICML26_REPO_URL", "")
+if "google.colab" in sys.modules and REPO_URL:
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO_URL}"], check=True)
+
+# %% tags=["parameters"]
+SMOKE = os.environ.get("SMOKE", "0") == "1"
+RUN_EXPERIMENTS = os.environ.get("RUN_EXPERIMENTS", "0") == "1" and not SMOKE
+
+# %%
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from experiments import report
+
+print("JAX", jax.__version__, "on", jax.default_backend())
+
+# %% [markdown]
+# ## 1. Weight-space symmetry and the probes
+#
+# Permuting an MLP's hidden units gives another weight vector with the same function. ProbeX reads a
+# weight matrix through learned probes; MVProbe adds row and column Gram views, which do not change
+# when the hidden units of that matrix are permuted.
+
+# %%
+from algorithms.weight_space import mvprobe as mv
+from algorithms.weight_space import zoo
+
+rng = np.random.default_rng(0)
+layers = [(rng.normal(size=(8, 6)), rng.normal(size=6)), (rng.normal(size=(6, 6)), rng.normal(size=6)),
+          (rng.normal(size=(6, 3)), rng.normal(size=3))]
+permuted = zoo.random_permutation(rng, layers)
+x = rng.normal(size=(5, 8))
+print("same function after permuting hidden units:",
+      np.allclose(zoo.mlp_apply(layers, x), zoo.mlp_apply(permuted, x)))
+print("canonical forms agree:", all(np.allclose(a[0], b[0]) for a, b in
+                                    zip(zoo.canonicalize(layers), zoo.canonicalize(permuted))))
+
+w = jnp.asarray(rng.normal(size=(4, 6, 6)), jnp.float32)  # four models' 6 x 6 hidden matrices
+probe = mv.MVProbe(6, 6, 2, n_probes=4, proj_dim=4, rep_dim=8, rngs=nnx.Rngs(0))
+probex = mv.ProbeX(6, 6, 2, n_probes=4, proj_dim=4, rep_dim=8, rngs=nnx.Rngs(0))
+print("MVProbe logits", probe(w).shape, "| ProbeX logits", probex(w).shape)
+
+# %%
+mvprobe_result = report.show_result("mvprobe", rerun=RUN_EXPERIMENTS)
+
+# %% [markdown]
+# ## 2. Selecting what to label
+#
+# Every rule returns exactly `budget` new indices and never re-picks a labeled one. The annotator's
+# noise is fixed per item (`noisy_annotations`).
+
+# %%
+from algorithms.active_learning import noise, selection
+
+n, k = 200, 4
+probs = rng.dirichlet(np.ones(k), size=n)
+labeled = np.zeros(n, bool)
+labeled[:10] = True
+for name, pick in [("margin", selection.margin_select), ("entropy", selection.entropy_select)]:
+    chosen = pick(probs, labeled, 5, rng=rng)
+    print(f"{name:8s} picks {sorted(chosen.tolist())}")
+print("coreset  picks", sorted(selection.k_center_greedy(rng.normal(size=(n, 3)), labeled, 5, rng=rng).tolist()))
+labels = rng.integers(0, k, n)
+noisy = noise.noisy_annotations(labels, 0.2, num_classes=k, rng=rng)
+print(f"annotator flips {np.mean(noisy != labels):.2f} of labels at rate 0.2")
+
+# %%
+al_result = report.show_result("fm_active_learning", rerun=RUN_EXPERIMENTS)
