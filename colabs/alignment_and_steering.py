@@ -23,7 +23,9 @@
 # - Style Modulation Heads (`algorithms.alignment.style_heads`): find a style direction, score the
 #   heads that write it, steer only those heads (or the residual stream, the baseline);
 # - SafeThink (`algorithms.decoding.safethink`): a safety monitor inside the decoding loop that
-#   rejects an unsafe reasoning step and injects a short corrective prefix.
+#   rejects an unsafe reasoning step and injects a short corrective prefix;
+# - ROSA2 (`algorithms.alignment.rosa2`): over a multi-turn interaction, feedback is normalized into a
+#   clarified instruction (words) and a small adapter takes one KL-regularized step (weights).
 #
 # Each section calls the method on tiny inputs, then reads the experiment's stored quick result
 # (`results/<slug>/quick/result.json`, written by `python -m experiments run <slug> --preset quick`).
@@ -138,3 +140,21 @@ for r in range(4):
 
 # %%
 safethink_result = report.show_result("safethink", rerun=RUN_EXPERIMENTS)
+
+# %% [markdown]
+# ## 4. ROSA2
+#
+# The weight stream moves the policy toward the KL-regularized optimum pi*(y) ~ pi(y) exp(r(y) / beta)
+# with one linearized step of an adapter, solving the Fisher system by conjugate gradient.
+
+# %%
+from algorithms.alignment import rosa2
+
+p = jnp.array([0.5, 0.3, 0.2])  # the policy over three answers; the user says the first is wrong
+print("reweighted optimum:", rosa2.kl_regularized_optimum(p, jnp.array([-1.0, 0.0, 0.0]), beta=1.0))
+spd = jnp.array([[4.0, 1.0], [1.0, 3.0]])
+solve = rosa2.conjugate_gradient(lambda x: spd @ x, jnp.array([1.0, 2.0]), max_iters=10)
+print("CG solution:", solve.x, "vs", jnp.linalg.solve(spd, jnp.array([1.0, 2.0])))
+
+# %%
+rosa2_result = report.show_result("rosa2", rerun=RUN_EXPERIMENTS)

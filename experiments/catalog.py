@@ -736,6 +736,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " while cutting interaction turns by 40%."
         ),
         paper_result="up to +37.8% accuracy; 40% fewer interaction turns",
+        status="implemented",
     ),
     CatalogEntry(
         slug="camp",
