@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Light fields and linear-time attention: Bi-WKV and E2I-VRWKV
+# # Light fields, linear-time attention and label-map diffusion
 #
 # How to call the pieces of issue 28 that exist so far:
 #
@@ -23,7 +23,10 @@
 #   the Pallas kernel `pallas_kernels.wkv.bi_wkv` (interpret mode on a CPU);
 # - E2I-VRWKV (`algorithms.vision.e2i_vrwkv`) on procedural light fields
 #   (`experiments.tasks.light_fields`): segmenting the centre view of a grid of sub-aperture views
-#   with geometry from the epipolar-plane images. PLMD (label-map diffusion) is not built yet.
+#   with geometry from the epipolar-plane images;
+# - PLMD (`algorithms.vision.plmd`) on procedural floorplans (`experiments.tasks.floorplans`): a
+#   mean-reverting SDE (`primitives.diffusion`) completes the obstacle map, then the semantic map
+#   conditioned on it, keeping the observed cells fixed. (Its navigation agent is not built yet.)
 #
 # Set RUN_EXPERIMENTS=1 to rerun the experiment's quick preset here (minutes on a CPU).
 
@@ -107,3 +110,29 @@ print("plain VRWKV logits", plain(jnp.asarray(scenes.views)).shape)
 
 # %%
 e2i_result = report.show_result("e2i_vrwkv", rerun=RUN_EXPERIMENTS)
+
+# %% [markdown]
+# ## 3. PLMD: completing a partially observed label map
+#
+# The IR-SDE moves a clean map x0 toward a degraded mean mu (here: the map with unknown cells blanked)
+# and adds noise; `marginal_mean_std` is its closed form. A floorplan is seen along a random walk by
+# ray casting, which never sees through walls.
+
+# %%
+from experiments.tasks import floorplans as fp
+from primitives import diffusion
+
+plan = fp.make_floorplan(np.random.default_rng(0), n=24, num_rooms=4)
+path = fp.random_walk(np.random.default_rng(1), plan.labels, (int(np.argwhere(plan.labels == 0)[0][0]),
+                                                               int(np.argwhere(plan.labels == 0)[0][1])), 10)
+known = fp.observe(plan.labels, path, radius=6)
+print(f"{len(plan.rooms)} rooms, {plan.doors.sum()} door cells, {known.mean():.0%} of cells observed")
+schedule = diffusion.irsde_schedule(T=20, max_sigma=60 / 255)
+x0 = jnp.asarray(plan.labels == 1, jnp.float32) * 2 - 1  # walls as +1, the rest -1
+mu = jnp.where(jnp.asarray(known), x0, 0.0)
+for t in (0, 10, 20):
+    mean, std = diffusion.marginal_mean_std(x0, mu, t, schedule)
+    print(f"t={t:2d}: |mean - mu| = {float(jnp.abs(mean - mu).mean()):.3f}, std = {float(std):.3f}")
+
+# %%
+plmd_result = report.show_result("plmd", rerun=RUN_EXPERIMENTS)

@@ -654,6 +654,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " art on three goal-oriented navigation tasks."
         ),
         paper_result="state of the art on ON, IIN, MRON (no numbers in spec)",
+        status="implemented",
     ),
     CatalogEntry(
         slug="fm_active_learning",
