@@ -13,7 +13,8 @@ Public names:
 
 Modules imported directly (not re-exported): models.cnn (a small CNN classifier; Dem-HEC),
 models.video (a chunk-autoregressive video transformer; QVG), models.vrwkv (Vision-RWKV blocks and a
-segmenter; E2I-VRWKV), models.sae (top-k sparse autoencoders; RouterInterp), models.ppm (PPM).
+segmenter; E2I-VRWKV), models.unet (a conditional U-Net with SPADE; PLMD), models.vlm (a small
+vision-audio-language model over the decoder LM), models.sae (top-k sparse autoencoders; RouterInterp), models.ppm (PPM).
 """
 
 from models.kv_cache import KVCache, init_cache

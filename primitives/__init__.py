@@ -5,9 +5,11 @@ Modules:
   confidence_sequences: normal-mixture confidence sequences (mixture martingale, boundary, stopping rule).
   conformal: split conformal prediction (absolute residual, CQR, APS / RAPS sets, interval stability).
   corruptions: CIFAR-10-C style natural corruptions (noise, blur, digital, JPEG-like, elastic, fog), severities 0-5.
+  diffusion: the mean-reverting SDE (IR-SDE) of PLMD: schedule, closed-form marginal, forward and reverse steps.
   drift_diffusion: first-passage times of a drift-diffusion model with signal-driven drift (IG, tangent, Volterra).
   ffd: Faster Flash Decoding reference: low-bit key pages, top-delta / top-k page selection, sparse decode.
   gaussian_sup: expected suprema of Gaussian vectors (quadrature, Monte Carlo, correlated variants).
+  hyperbolic: Lorentz-model operations (exp/log maps, geodesic distance, parallel transport), Hyper-ICL's anchor loss.
   kmeans: batched Lloyd k-means with deterministic centroid updates.
   linear_attention: the bidirectional WKV of Vision-RWKV (quadratic reference, linear-time scans) and Q-Shift.
   malliavin: Euler-Maruyama paths, first variation, Malliavin derivative and adjoint sums.
