@@ -67,9 +67,9 @@ from experiments import _plotting as plotting
 from experiments import registry, report
 from experiments._lm import LMConfig
 from experiments._measure import complete_prompts
-from experiments.checks import Check, verdict
+from experiments.checks import Check, binomial_se, verdict
 from experiments.tasks import lm_batch
-from experiments.tasks.question_world import Question, QuestionWorld, Response
+from experiments.tasks.question_world import QuestionWorld, Response
 from models import Transformer
 from primitives.sampling import Sampler
 
@@ -273,9 +273,8 @@ def _checks(m: dict) -> list[Check]:
     held = {k: v["heldout"] for k, v in m["eval"].items()}
     n_held = m["num_heldout_questions"]
     gain = held["camp"]["truthfulness"] - held["dpo_help"]["truthfulness"]
-    se = math.sqrt(sum(min(max(h["truthfulness"], 1 / n_held), 1 - 1 / n_held)
-                       * (1 - min(max(h["truthfulness"], 1 / n_held), 1 - 1 / n_held)) / n_held
-                       for h in (held["camp"], held["dpo_help"])))
+    se = math.hypot(binomial_se(held["camp"]["truthfulness"], n_held),
+                    binomial_se(held["dpo_help"]["truthfulness"], n_held))
     return [
         Check("truthfulness, CAMP vs helpfulness-DPO", ours["truthfulness"], paper,
               f"> dpo_help {ev['dpo_help']['truthfulness']:.3f}",

@@ -15,9 +15,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Sequence
 
-__all__ = ["Check", "Study", "verdict", "CAUSES"]
+__all__ = ["Check", "Study", "verdict", "CAUSES", "binomial_se"]
 
 # Why a claim did not reproduce (issue 33): the class an experiment names beside its reason. A run
 # returns it as ``run(...)["cause"]`` (None when reproduced); result.json and the README catalog show it.
@@ -86,6 +87,20 @@ class Study:
 def _sentence(text: str) -> str:
     text = text.strip()
     return text if not text or text[-1] in ".!?" else text + "."
+
+
+def binomial_se(p: float, n: int) -> float:
+    """Standard error ``sqrt(p (1 - p) / n)`` of a rate ``p`` measured on ``n`` trials, with ``p`` clamped
+    to ``[1/n, 1 - 1/n]`` so that a rate of exactly 0 or 1 still carries the uncertainty of one trial.
+
+    Example:
+        >>> round(binomial_se(0.5, 100), 3), round(binomial_se(0.0, 100), 4)
+        (0.05, 0.0099)
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1; got {n}")
+    q = min(max(p, 1 / n), 1 - 1 / n) if n > 1 else 0.5
+    return math.sqrt(q * (1 - q) / n)
 
 
 def verdict(checks: Sequence[Check], *, claim: str = "", context: str = "",

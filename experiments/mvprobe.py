@@ -223,7 +223,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                + "; ".join(f"{t}: " + ", ".join(f"{_LABELS[m]} {flat[f'{t}/{m}']:.1f}+-{flat[f'{t}/{m}_se']:.1f}"
                                                 for m in c.methods) + f" (chance {flat[f'{t}/chance']:.1f})"
                            for t in c.tasks)
-               + f". Paper (ResNet Model Jungle): MVProbe 92.24, ProbeX 81.61, ProbeX x4 87.16, StatNN 55.20")
+               + ". Paper (ResNet Model Jungle): MVProbe 92.24, ProbeX 81.61, ProbeX x4 87.16, StatNN 55.20")
     failed = [ch for ch in checks if ch.required and not ch.passed]
     cause_class = "scale" if failed else None
     cause = (f"MVProbe - ProbeX on classes seen measured {d:+.2f} +- {se:.2f} pts (SE over {c.seeds} seeds) "

@@ -175,7 +175,7 @@ def run(c: Config, workdir) -> dict:
                f"{c.radius}), {c.train_steps} Adam steps of {c.batch_size} maps, T = {c.T}, U-Net channels "
                f"{c.channels}; mIoU none/semantic-only/no-resample/PLMD = "
                + "/".join(f"{summary[m]['miou']:.3f}" for m in METHODS)
-               + f"; final train losses (obstacle, semantic, semantic-only) = "
+               + "; final train losses (obstacle, semantic, semantic-only) = "
                + ", ".join(f"{history[-1][k]:.4f}" for k in ("obstacle", "semantic", "semantic_only")))
     required_ok = all(ch.passed for ch in checks if ch.required)
     if required_ok:

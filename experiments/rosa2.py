@@ -53,7 +53,6 @@ from typing import Any, Mapping
 
 import numpy as np
 from etils import epath
-from flax import nnx
 
 from algorithms import training
 from algorithms.alignment import rosa2 as rosa2_lib

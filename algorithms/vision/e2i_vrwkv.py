@@ -50,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
