@@ -18,6 +18,10 @@ What the papers need from a model, all passed as arguments (no monkey-patching):
   * `router_biases` [L, E] or [L, b, E]: added to the router logits of a
     mixture-of-experts FFN (`ffn_type="moe"`, see `models.moe`) before gating
     (test-time rerouting); dense FFNs ignore them;
+  * `input_embeddings` [b, t, D]: replaces the token-embedding lookup (a vision-language
+    model's interleaved image/audio/text embeddings, see `models.vlm`);
+  * `attention_bias(layer, q, k) -> [b, h, t, s]`: additive attention logits computed from
+    each layer's rotated queries and keys (Hyper-ICL's low-rank calibration, ALiBi);
   * `return_intermediates=True`: the residual stream after the embedding and
     after every block [L+1, b, t, D], the per-head attention outputs
     [L, b, t, h, d] (after mask and delta), and each FFN's auxiliary outputs
@@ -456,12 +460,14 @@ class Attention(nnx.Module):
         head_delta: jax.Array | None = None,
         score_rows: tuple[int, ...] | None = None,
         sparse_decode: tuple[Callable, jax.Array, int] | None = None,
+        bias_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
     ) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array] | None, dict[str, jax.Array]]:
         """Returns (output [b, t, D], head outputs [b, t, h, d], updated (k, v) cache or None, extras).
 
         `extras` holds `scores` [b, h, R, S] and `lse` [b, h, t] when `score_rows` is given (with a
         cache); `sparse_decode` is (select bound to this layer, recent_start, max_recent);
-        `kv_layout` is the axis order of `layer_cache` (read as stored, never transposed).
+        `kv_layout` is the axis order of `layer_cache` (read as stored, never transposed);
+        `bias_fn(q [b, t, h, d], k [b, s, k, d]) -> [b, h, t, s]` adds attention logits (dense paths).
         """
         wq, wk, wv, wo = (w[...].astype(self.dtype) for w in (self.wq, self.wk, self.wv, self.wo))
         q = attn_lib.rope(jnp.einsum("btD,Dhd->bthd", x, wq), positions, base=self.rope_base)
@@ -472,6 +478,7 @@ class Attention(nnx.Module):
             heads = attn_lib.attention(
                 q, k, v, causal=True, q_positions=positions, kv_positions=positions,
                 q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
+                bias=None if bias_fn is None else bias_fn(q, k),
             )
         else:
             k_all = write_tokens(layer_cache[0], k, cache_lengths, layout=kv_layout)
@@ -489,13 +496,14 @@ class Attention(nnx.Module):
                 heads = vegas_kernel.sparse_decode_attention(
                     q[:, 0], k_all, v_all, indices, valid, recent_start, cache_lengths + 1,
                     max_recent=max_recent, kv_layout=kv_layout)[:, None]
-            elif x.shape[1] == 1 and self.decode_mode != "dense":
+            elif x.shape[1] == 1 and self.decode_mode != "dense" and bias_fn is None:
                 heads = self._decode_step(q[:, 0], k_all, v_all, cache_lengths + 1, kv_layout)[:, None]
             else:
                 # Entries past the valid length lie after every valid query's position,
                 # so the causal mask alone hides them.
+                bias = None if bias_fn is None else bias_fn(q, token_major(k_all, kv_layout))
                 heads = attn_lib.attention(q, k_all, v_all, causal=True, q_positions=positions,
-                                           kv_layout=kv_layout)
+                                           kv_layout=kv_layout, bias=bias)
         if head_mask is not None:
             heads = heads * _per_head(head_mask).astype(heads.dtype)
         if head_delta is not None:
@@ -603,6 +611,7 @@ class Transformer(nnx.Module):
         self,
         tokens: jax.Array,
         *,
+        input_embeddings: jax.Array | None = None,
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         cache: KVCache | None = None,
@@ -615,6 +624,7 @@ class Transformer(nnx.Module):
         score_rows: tuple[int, ...] | None = None,
         sparse_decode: SparseDecode | None = None,
         logits_at: jax.Array | None = None,
+        attention_bias: Callable[[int, jax.Array, jax.Array], jax.Array] | None = None,
     ) -> TransformerOutput:
         """Runs the LM on `tokens` [b, t].
 
@@ -623,6 +633,8 @@ class Transformer(nnx.Module):
             ids outside the vocabulary raise ValueError. Inside `jit` (nnx.jit, `generate`,
             `fit`) the ids are traced and not checked: an out-of-range id then embeds as NaN, so
             validate before (`primitives.validation.check_token_ids`; `generate` does).
+          input_embeddings: [b, t, D] inputs that replace the embedding lookup of `tokens` (which
+            then only give the shape): e.g. `models.vlm`'s image/audio/text sequence.
           positions: [b, t] positions for RoPE and the causal mask. Default:
             0..t-1 without a cache, `cache.lengths + arange(t)` with one.
           segment_ids: [b, t] packing segments (no cross-segment attention).
@@ -647,6 +659,11 @@ class Transformer(nnx.Module):
             (e.g. the last prompt token of a prefill); the output logits are
             then [b, r, v]. Default: every position. The unembedding of a long
             prefill over a large vocabulary is then r/t of its full cost.
+          attention_bias: `attention_bias(layer, q, k) -> [b, h, t, s]` float additive attention
+            logits of layer `layer` (added after the 1/sqrt(d) scale, before the masks), from its
+            rotated queries q [b, t, h, d] and keys k [b, s, k, d] (with a cache, s is the cache
+            capacity, token-major). Dense attention paths only: not with score_rows or
+            sparse_decode; a one-token decode step then runs dense attention.
 
         Returns:
           TransformerOutput.
@@ -682,8 +699,16 @@ class Transformer(nnx.Module):
             raise ValueError("pass score_rows (verification) or sparse_decode (drafting), not both")
         if sparse_decode is not None and t != 1:
             raise ValueError(f"sparse_decode is for one-token steps; got t={t}")
+        if attention_bias is not None and (score_rows is not None or sparse_decode is not None):
+            raise ValueError("attention_bias applies to dense attention only; not with score_rows or sparse_decode")
 
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(c.compute_dtype)
+        if input_embeddings is None:
+            x = jnp.take(self.embed[...], tokens, axis=0).astype(c.compute_dtype)
+        else:
+            if tuple(input_embeddings.shape) != (b, t, c.d_model):
+                raise ValueError(f"input_embeddings must be [b, t, D]=({b}, {t}, {c.d_model}); "
+                                 f"got shape {tuple(input_embeddings.shape)}")
+            x = input_embeddings.astype(c.compute_dtype)
         residuals, head_outputs, ffn_aux = [x], [], []
         new_keys, new_values, attn_scores, attn_lse = [], [], [], []
         aux_loss = jnp.zeros((), jnp.float32)
@@ -703,6 +728,7 @@ class Transformer(nnx.Module):
                 router_bias=None if router_biases is None else router_biases[l],
                 score_rows=score_rows,
                 sparse_decode=sparse,
+                bias_fn=None if attention_bias is None else functools.partial(attention_bias, l),
             )
             if score_rows is not None:
                 attn_scores.append(extras["scores"])

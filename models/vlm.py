@@ -14,12 +14,9 @@ Architecture (LLaVA / Idefics2 "fully autoregressive" style):
     position by the LM's token embedding. The sequence then runs through the LM's own blocks,
     final norm and unembedding (`models.transformer.Transformer`, unchanged).
 
-Why the LM's blocks are called here: `Transformer.__call__` only takes token ids (no input-embeddings
-argument), so `VLM` reproduces its forward (embedding -> blocks -> final norm -> logits, with the KV
-cache) from its public submodules. With no placeholders the result equals `Transformer.__call__`
-(tested). The hook that would remove this duplication: `Transformer.__call__(tokens, *,
-input_embeddings: [b, t, D] | None = None, ...)` that, when given, replaces
-`jnp.take(self.embed, tokens)` (tokens still used for shape checks).
+The LM is called with `input_embeddings=` (the interleaved sequence replaces its embedding lookup),
+so every LM hook (`attention_bias`, the KV cache, `return_intermediates`) works unchanged; with no
+placeholders the result equals `Transformer.__call__` on the tokens (tested).
 
 Generation: `VLM.prefill` writes the multimodal prompt (all but its last token) into the LM's KV
 cache; from there the continuation is text only, so `algorithms.decoding.generate(vlm.lm, last
@@ -99,7 +96,7 @@ class VLMConfig:
 
 class VLMOutput(NamedTuple):
     """logits [b, t, v] float32 ([b, r, v] with `logits_at`); cache (or None); intermediates (or None:
-    `residuals` [L+1, b, t, D] of the LM with `return_intermediates`)."""
+    the LM's intermediates with `return_intermediates`, e.g. `residuals` [L+1, b, t, D])."""
 
     logits: jax.Array
     cache: KVCache | None
@@ -190,7 +187,7 @@ class VLM(nnx.Module):
     def __call__(self, tokens: jax.Array, *, images: jax.Array | None = None, audio: jax.Array | None = None,
                  positions: jax.Array | None = None, cache: KVCache | None = None,
                  num_valid: jax.Array | None = None, logits_at: jax.Array | None = None,
-                 return_intermediates: bool = False) -> VLMOutput:
+                 return_intermediates: bool = False, attention_bias=None) -> VLMOutput:
         """Runs the VLM on `tokens` [b, t] with placeholders for `images` [b, n_img, H, W, c] and
         `audio` [b, n_clip, S, F] (same argument meanings as `Transformer.__call__`)."""
         if tokens.ndim != 2:
@@ -198,41 +195,18 @@ class VLM(nnx.Module):
         check_token_ids("tokens", tokens, self.config.lm.vocab_size)
         return self.run_embeddings(self.embed(tokens, images, audio), positions=positions, cache=cache,
                                    num_valid=num_valid, logits_at=logits_at,
-                                   return_intermediates=return_intermediates)
+                                   return_intermediates=return_intermediates, attention_bias=attention_bias)
 
     def run_embeddings(self, x: jax.Array, *, positions=None, cache: KVCache | None = None, num_valid=None,
-                       logits_at=None, return_intermediates: bool = False) -> VLMOutput:
-        """The LM's forward from input embeddings x [b, t, D] (mirrors `Transformer.__call__`)."""
-        lm, c = self.lm, self.config.lm
-        b, t = x.shape[:2]
-        if positions is None:
-            base = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
-            positions = base[:, None] + jnp.arange(t)[None, :]
-        residuals, new_keys, new_values = [x], [], []
-        for l, layer in enumerate(lm.layers):
-            x, _, new_kv, _, _ = layer(
-                x, positions,
-                layer_cache=None if cache is None else (cache.keys[l], cache.values[l]),
-                cache_lengths=None if cache is None else cache.lengths,
-                kv_layout="bskd" if cache is None else cache.layout)
-            if new_kv is not None:
-                new_keys.append(new_kv[0])
-                new_values.append(new_kv[1])
-            if return_intermediates:
-                residuals.append(x)
-        if logits_at is not None:
-            x = jnp.take_along_axis(x, jnp.asarray(logits_at, jnp.int32)[:, :, None], axis=1)
-        h = lm.final_norm(x)
-        if c.tie_embeddings:
-            logits = jnp.einsum("btD,vD->btv", h, lm.embed[...].astype(c.compute_dtype))
-        else:
-            logits = h @ lm.unembed[...].astype(c.compute_dtype)
-        new_cache = None
-        if cache is not None:
-            adv = jnp.full((b,), t, jnp.int32) if num_valid is None else jnp.asarray(num_valid, jnp.int32)
-            new_cache = KVCache(tuple(new_keys), tuple(new_values), cache.lengths + adv, cache.layout)
-        inter = {"residuals": jnp.stack(residuals)} if return_intermediates else None
-        return VLMOutput(logits.astype(jnp.float32), new_cache, inter)
+                       logits_at=None, return_intermediates: bool = False,
+                       attention_bias=None) -> VLMOutput:
+        """The LM's forward from input embeddings x [b, t, D] (`Transformer.__call__(input_embeddings=)`;
+        the other arguments mean what they mean there)."""
+        out = self.lm(jnp.zeros(x.shape[:2], jnp.int32), input_embeddings=x, positions=positions, cache=cache,
+                      num_valid=None if num_valid is None else jnp.asarray(num_valid, jnp.int32),
+                      logits_at=logits_at, return_intermediates=return_intermediates,
+                      attention_bias=attention_bias)
+        return VLMOutput(out.logits, out.cache, out.intermediates)
 
     def prefill(self, tokens: jax.Array, prompt_lengths: jax.Array, *, images=None, audio=None,
                 capacity: int) -> tuple[KVCache, jax.Array]:

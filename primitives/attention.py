@@ -193,6 +193,7 @@ def attention(
     kv_segment_ids: jax.Array | None = None,
     kv_lengths: jax.Array | None = None,
     mask: jax.Array | None = None,
+    bias: jax.Array | None = None,
     scale: float | None = None,
     return_lse: bool = False,
     kv_layout: str = "bskd",
@@ -214,6 +215,8 @@ def attention(
         values outside [0, s] raise ValueError; inside `jit` the lengths are traced and not
         checked (a length above s then means all keys, a negative one no key: a zero row).
       mask: extra boolean mask broadcastable to [b, h, t, s]; True = attend.
+      bias: additive logits broadcastable to [b, h, t, s], added after the scale and before the
+        masks (ALiBi-style biases, Hyper-ICL's calibration); computed in float32.
       scale: logit scale; defaults to 1/sqrt(d).
       return_lse: also return the float32 logsumexp per (b, h, t).
       kv_layout: axis order of k and v: "bskd" ([b, s, k, d], token-major) or "bksd"
@@ -255,6 +258,17 @@ def attention(
     qg = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, d)
     logits = jnp.einsum(f"bkmd,{kv_layout}->bkms", qg, k, preferred_element_type=jnp.float32)
     logits = logits.astype(jnp.float32).reshape(b, kh, g, t, s) * scale
+    if bias is not None:
+        bias = jnp.asarray(bias, jnp.float32)
+        if bias.ndim != 4:
+            raise ValueError(f"bias must be broadcastable to [b, h, t, s]=({b}, {h}, {t}, {s}) with 4 dims; "
+                             f"got shape {tuple(bias.shape)}")
+        try:
+            bias = jnp.broadcast_to(bias, (b, h, t, s))
+        except ValueError:
+            raise ValueError(f"bias must be broadcastable to [b, h, t, s]=({b}, {h}, {t}, {s}); "
+                             f"got shape {tuple(bias.shape)}") from None
+        logits = logits + bias.reshape(b, kh, g, t, s)
     if full_mask is not None:
         # [b, 1|h, t, s] -> [b, k, g, t, s] (a per-head mask splits like the heads).
         m = jnp.broadcast_to(full_mask, (b, full_mask.shape[1], t, s))

@@ -92,6 +92,38 @@ def test_hooks_identity_values_change_nothing(model):
     assert len(inter["ffn_aux"]) == c.num_layers
 
 
+def test_input_embeddings_and_attention_bias_hooks(model):
+    c = model.config
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, VOCAB, (2, 6)), jnp.int32)
+    base = model(tokens).logits
+    # the embedding lookup passed in as input embeddings is the same model
+    emb = jnp.take(model.embed[...], tokens, axis=0)
+    np.testing.assert_allclose(model(jnp.zeros_like(tokens), input_embeddings=emb).logits, base, atol=1e-6)
+    zero = lambda l, q, k: jnp.zeros((q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
+    np.testing.assert_allclose(model(tokens, attention_bias=zero).logits, base, atol=1e-6)
+    # a content-dependent bias (different per layer) changes the output, and the cached path
+    # (prefill of 4, then a one-token and a one-token step) computes the same as the full pass
+    calls = []
+
+    def bias(l, q, k):
+        calls.append(l)
+        kq = jnp.repeat(k, c.num_heads // c.num_kv_heads, axis=2)
+        return (0.5 + l) * jnp.einsum("bthd,bshd->bhts", q, kq)
+
+    full = model(tokens, attention_bias=bias).logits
+    assert calls[:c.num_layers] == list(range(c.num_layers))
+    assert float(jnp.max(jnp.abs(full - base))) > 1e-3
+    out = model(tokens[:, :4], cache=model.init_cache(2, 8), attention_bias=bias)
+    np.testing.assert_allclose(out.logits, full[:, :4], atol=2e-5)
+    cache = out.cache
+    for i in (4, 5):
+        out = model(tokens[:, i:i + 1], cache=cache, attention_bias=bias)
+        np.testing.assert_allclose(out.logits[:, 0], full[:, i], atol=2e-5)
+        cache = out.cache
+    with pytest.raises(ValueError, match="input_embeddings must be"):
+        model(tokens, input_embeddings=emb[:, :3])
+
+
 def test_head_mask_equals_removing_the_heads_output_projection():
     model = Transformer(tiny_config(num_layers=1), rngs=nnx.Rngs(1))
     tokens = jnp.asarray(np.random.default_rng(2).integers(0, VOCAB, (2, 5)), jnp.int32)

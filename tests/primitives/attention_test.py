@@ -69,6 +69,27 @@ def test_plain_and_custom_scale_match_numpy():
     np.testing.assert_allclose(A.attention(q, k, v, scale=0.3), naive_attention(q, k, v, scale=0.3)[0], atol=1e-5)
 
 
+def test_additive_bias_matches_numpy_and_minus_inf_bias_is_a_mask():
+    q, k, v = _qkv(3, b=2, t=3, s=4, h=4, kh=2)
+    bias = np.asarray(jax.random.normal(jax.random.key(9), (2, 4, 3, 4)), np.float64)
+    res = A.attention(q, k, v, bias=bias, return_lse=True)
+    # float64 reference: softmax(scale * q.k + bias) v, per (batch, head, query)
+    qn, kn, vn = (np.asarray(x, np.float64) for x in (q, k, v))
+    logits = np.einsum("bthd,bshd->bhts", qn, np.repeat(kn, 2, axis=2)) / np.sqrt(8) + bias
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    np.testing.assert_allclose(res.out, np.einsum("bhts,bshd->bthd", w, np.repeat(vn, 2, axis=2)), atol=1e-5)
+    np.testing.assert_allclose(res.lse, np.log(np.exp(logits).sum(-1)), atol=1e-5)
+    # a bias of -inf on a key is the same as masking it; a broadcast bias [1, 1, 1, s] works
+    block = np.zeros((1, 1, 1, 4), np.float32)
+    block[..., 1] = -np.inf
+    mask = np.ones((1, 1, 1, 4), bool)
+    mask[..., 1] = False
+    np.testing.assert_allclose(A.attention(q, k, v, bias=block), A.attention(q, k, v, mask=mask), atol=1e-6)
+    with pytest.raises(ValueError, match="bias must be broadcastable"):
+        A.attention(q, k, v, bias=np.zeros((2, 3, 3, 4)))
+
+
 def test_extra_boolean_mask_per_head():
     q, k, v = _qkv(2, b=1, t=2, s=3, h=2, kh=1)
     mask = np.ones((1, 2, 2, 3), bool)
