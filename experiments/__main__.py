@@ -63,7 +63,8 @@ def markdown_table(results_dir: str | os.PathLike = "results") -> str:
     for i, e in enumerate(catalog.CATALOG, 1):
         st = report.paper_status(e, results_dir)
         arxiv = f" ([arXiv {e.arxiv}](https://arxiv.org/abs/{e.arxiv}))" if e.arxiv else ""
-        rows.append(f"| {i} | `{e.slug}` | {e.short}{arxiv} | {e.area} | `{e.code}` | {st.status} | "
+        inferred = f"<br>inferred: {e.inferred.replace('|', '/')}" if e.inferred else ""
+        rows.append(f"| {i} | `{e.slug}` | {e.short}{arxiv} | {e.area} | `{e.code}`{inferred} | {st.status} | "
                     f"{e.paper_result.replace('|', '/')} | {st.ours.replace('|', '/') or '-'} |")
     return "\n".join(rows)
 

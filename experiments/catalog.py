@@ -24,6 +24,10 @@ Fields of an entry:
   or uncertain carry "(spec: uncertain)".
 - `paper_result`: the headline number(s), short, for the table column
   "paper".
+- `inferred`: what of the method this library had to reconstruct or infer
+  (the paper and its code are silent, or the spec marks it [INFER]), in a
+  few words; the README shows it under the code path. The module docstring
+  has the full list. Empty when only minor details are inferred.
 - `status`: "planned" (nothing merged yet) or "implemented" (the method is in
   the library, tested against an independent reference, and
   `experiments/<slug>.py` runs its presets).
@@ -58,6 +62,7 @@ class CatalogEntry:
     code: str  # where the method's code will live
     claim: str  # the paper's headline claim in one sentence, with numbers
     paper_result: str  # the headline number(s), short
+    inferred: str = ""  # the reconstructed/inferred parts, in a few words (README: under the code path)
     status: str = "planned"  # "planned" or "implemented"; "verified" is derived from results
 
 
@@ -531,6 +536,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " audio-visual benchmarks."
         ),
         paper_result="better efficiency-accuracy trade-offs (no numbers in spec)",
+        inferred="the whole design: reconstructed from the abstract after the closest published methods (spec section 4)",
     ),
     CatalogEntry(
         slug="hyper_icl",
@@ -737,6 +743,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " while cutting interaction turns by 40%."
         ),
         paper_result="up to +37.8% accuracy; 40% fewer interaction turns",
+        inferred="the reweighted gradient and Fisher step; a Bayesian normalizer for the words stream; residual-offset adapter",
         status="implemented",
     ),
     CatalogEntry(
@@ -757,6 +764,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " benchmarks."
         ),
         paper_result="truthfulness up, helpfulness kept (no numbers in spec)",
+        inferred="the loss, conflict rule and defaults (the paper's abstract only); rho=0.5; w as a per-pair weight",
         status="implemented",
     ),
     CatalogEntry(
@@ -780,6 +788,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         paper_result=(
             "ASR -30-60% (63.33% -> 5.74%); MathVista 65.20% -> 65.00%"
         ),
+        inferred="step delimiters, discarding the violating step (code not public)",
         status="implemented",
     ),
     CatalogEntry(
@@ -803,6 +812,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
             "3 heads suffice; better trait-coherency Pareto front than residual"
             " steering"
         ),
+        inferred="layer choice rule; steering at every position; a classifier in place of the LLM judge",
         status="implemented",
     ),
     # ------------------------------------------------------------------ agents
