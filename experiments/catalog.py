@@ -845,7 +845,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         arxiv="2606.02470",
         area="agents",
         issue=32,
-        code="algorithms/agents/mcp_persona.py",
+        code="algorithms/agents/mcp_persona/",
         claim=(
             "A benchmark of simulated personal MCP applications (Reddit, Rednote,"
             " Lark, Slack, email, ...) shows that state-of-the-art agents struggle"
@@ -853,6 +853,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " 38.66% (spec: uncertain)."
         ),
         paper_result="all agents < 50% accuracy; best 38.66% (spec: uncertain)",
+        inferred="tables, tools, limits and error codes; the error-type mapping; task templates; metric definitions; scripted agents",
+        status="implemented",
     ),
     CatalogEntry(
         slug="calculus_grading",

@@ -4,7 +4,8 @@ Claim checked (PLMD, ICML 2026, arXiv 2605.05960; spec papers/specs/vision_weigh
 paper body was not available, the method follows the official code as quoted in the spec, see
 `algorithms.vision.plmd`): completing the obstacle layout first and using it as a SPADE prior inside the
 semantic denoiser stops the completion from "hallucinating objects through walls" and gives better
-semantic completions than semantic-only diffusion; the completed map beats the uncompleted one.
+semantic completions than semantic-only diffusion; the completed map beats the uncompleted one; plugged into
+a map-based navigation policy, the completion makes goal-object search more successful and more efficient.
 
 Setup (CPU scale, nothing downloaded; spec (d), [INFER]):
 
@@ -20,25 +21,34 @@ Setup (CPU scale, nothing downloaded; spec (d), [INFER]):
   4. Metrics on the unknown cells of each test map: obstacle IoU (predicted vs true walls), semantic mIoU
      (mean over the labels present in the prediction or the truth), wall-violation rate (predicted object
      cells lying on true wall cells, pooled over maps).
+  5. Navigation (`algorithms.vision.plmd_nav`, spec (d) "toy navigation"): on each test map the agent
+     starts at the end of the map's random walk with its known mask, and searches for a goal category
+     not yet seen (maps where every category is already seen are left out); it observes by ray casting
+     as it moves and consults, every ``nav_consult_every`` steps, nothing (``frontier``: frontier
+     exploration + A*), the ``plmd`` completion, or the ``semantic_only`` completion of its partial map
+     (go to the largest predicted goal component, replan when contradicted). Success: within
+     ``nav_success_dist`` cells (Chebyshev) of a goal-class cell within ``nav_max_steps`` moves; SPL with
+     the BFS shortest path on the true map.
 
 Checks (thresholds fixed before the run; per-map paired differences d_i, d = mean, SE = std(d_i)/sqrt(N)):
 
   * required: wall-violation rate of ``plmd`` < that of ``semantic_only`` (the obstacle prior's purpose);
   * required: mIoU(``plmd``) - mIoU(``semantic_only``) > 2 SE (the prior improves semantic completion);
   * required: mIoU(``plmd``) - mIoU(``none``) > 2 SE (completion beats no completion);
+  * required: navigation success rate and SPL of the PLMD-guided agent - the frontier agent > 2 SE each
+    (the paper's claim: the completion plugged into a map-based policy improves SR and SPL);
   * not required: mIoU(``plmd``) vs ``no_resample`` (the adaptive resampling here uses a training-free
     critic, an [INFER] substitute for the code's GAN discriminator); obstacle IoU of ``plmd`` above
-    ``semantic_only``.
+    ``semantic_only``; navigation SPL of PLMD-guided above semantic-only-guided (the spec's expected
+    B2 > B1).
 
 Cause classes when not reproduced (decided before the run): "scale" when the directions hold but a
 difference is within noise or the denoisers are visibly undertrained (a few hundred CPU steps vs 1M);
 "spec" when semantic-only is significantly better (the inferred SPADE placement / critic hurts).
 
-Not built (brief item 5, "if time allows"): the grid navigation agent (frontier exploration + A*, SR/SPL).
-
 Recipe:
     python -m experiments run plmd --preset smoke    # seconds, used by the tests
-    python -m experiments run plmd --preset quick    # ~3 minutes on 2 CPU cores
+    python -m experiments run plmd --preset quick    # ~2 minutes on 2 CPU cores
     python -m experiments run plmd --preset paper    # 32x32, bigger U-Nets, 20k steps (accelerator)
 """
 
@@ -54,6 +64,7 @@ import numpy as np
 from etils import epath
 
 from algorithms.vision import plmd as plmd_lib
+from algorithms.vision import plmd_nav
 from experiments import _plotting as plotting
 from experiments import registry, report
 from experiments.checks import Check, verdict
@@ -62,6 +73,8 @@ from experiments.tasks import floorplans as fp
 METHODS = ("none", "semantic_only", "no_resample", "plmd")
 LABELS = {"none": "no completion", "semantic_only": "semantic-only diffusion", "no_resample": "PLMD w/o resampling",
           "plmd": "PLMD"}
+NAV_AGENTS = ("frontier", "semantic_only", "plmd")
+NAV_LABELS = {"frontier": "frontier + A*", "semantic_only": "semantic-only guided", "plmd": "PLMD guided"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -82,6 +95,9 @@ class Config:
     lr: float = 2e-3
     u_min: int = 1
     u_max: int = 3
+    nav_max_steps: int = 50
+    nav_consult_every: int = 10
+    nav_success_dist: int = 1
     seed: int = 0
     progress: bool = True
 
@@ -92,6 +108,9 @@ def _validate(c: Config) -> None:
     if c.num_test < 2 or c.num_train < 1 or c.train_steps < 1:
         raise ValueError(f"num_test must be >= 2 and num_train, train_steps >= 1, got {c.num_test}, {c.num_train}, "
                          f"{c.train_steps}")
+    if c.nav_max_steps < 1 or c.nav_consult_every < 1 or c.nav_success_dist < 0:
+        raise ValueError(f"nav_max_steps, nav_consult_every must be >= 1 and nav_success_dist >= 0, got "
+                         f"{c.nav_max_steps}, {c.nav_consult_every}, {c.nav_success_dist}")
 
 
 def _map_metrics(pred: np.ndarray, gt: np.ndarray, known: np.ndarray) -> dict[str, float]:
@@ -141,6 +160,9 @@ def run(c: Config, workdir) -> dict:
             raise AssertionError(f"{v}: known cells changed by completion")
     per = {m: [_map_metrics(preds[m][i], test["labels"][i], test["known"][i]) for i in range(c.num_test)]
            for m in METHODS}
+    t_nav = time.time()
+    nav = _navigate(c, models, cfg, test)
+    t_nav = time.time() - t_nav
     summary = {}
     for m in METHODS:
         rows = per[m]
@@ -177,6 +199,19 @@ def run(c: Config, workdir) -> dict:
                + "/".join(f"{summary[m]['miou']:.3f}" for m in METHODS)
                + "; final train losses (obstacle, semantic, semantic-only) = "
                + ", ".join(f"{history[-1][k]:.4f}" for k in ("obstacle", "semantic", "semantic_only")))
+    ns = nav["summary"]
+    for key, name in (("success", "navigation success rate"), ("spl", "navigation SPL")):
+        d, se = nav["paired"][f"{key}_plmd_minus_frontier"]
+        checks.append(Check(f"{name}, PLMD-guided - frontier", measured=round(d, 4), paper="> 0 (SOTA on ON/IIN/MRON)",
+                            threshold=f"> 2 SE = {2 * se:.4f}", passed=d > 2 * se and d > 0,
+                            note=f"{ns['plmd'][key]:.3f} vs {ns['frontier'][key]:.3f} over {nav['episodes']} episodes"))
+    d, se = nav["paired"]["spl_plmd_minus_semantic_only"]
+    checks.append(Check("navigation SPL, PLMD-guided - semantic-only-guided", measured=round(d, 4), paper="> 0 (spec's B2 > B1)",
+                        threshold=f"> 2 SE = {2 * se:.4f}", passed=d > 2 * se and d > 0, required=False))
+    context += ("; navigation (" + f"{nav['episodes']} episodes, budget {c.nav_max_steps} moves, consult every "
+                f"{c.nav_consult_every}): success frontier/semantic-only/PLMD = "
+                + "/".join(f"{ns[a]['success']:.3f}" for a in NAV_AGENTS) + ", SPL = "
+                + "/".join(f"{ns[a]['spl']:.3f}" for a in NAV_AGENTS))
     required_ok = all(ch.passed for ch in checks if ch.required)
     if required_ok:
         cause, cause_class = "", None
@@ -187,20 +222,69 @@ def run(c: Config, workdir) -> dict:
         failed = [ch.name for ch in checks if ch.required and not ch.passed]
         cause, cause_class = ("failing at this scale: " + "; ".join(failed) + f". The denoisers are undertrained "
                               f"({c.train_steps} CPU steps of ~10^4-parameter U-Nets on a 4-category toy world; the "
-                              f"code trains 1M steps), and PLMD predicts only {summary['plmd']['object_cells']} "
-                              f"object cells, so its wall-violation rate rests on few cells"), "scale"
+                              f"code trains 1M steps): PLMD predicts only {summary['plmd']['object_cells']} "
+                              f"object cells on the test maps, so its wall-violation rate rests on few cells, and "
+                              f"the PLMD-guided agent had a goal prediction to follow on "
+                              f"{nav['guided_fraction']['plmd']:.0%} of its moves"), "scale"
     sentence, reproduced = verdict(checks, claim="an obstacle-completion prior makes label-map diffusion respect "
-                                   "walls and complete semantics better", context=context, cause=cause,
+                                   "walls and complete semantics better, and the completion improves goal-object "
+                                   "navigation", context=context, cause=cause,
                                    cause_class=cause_class)
-    plots = [_plot_examples(test, preds, workdir), _plot_bars(summary, workdir)]
+    plots = [_plot_examples(test, preds, workdir), _plot_bars(summary, workdir), _plot_nav(nav, workdir)]
     metrics = {"summary": summary, "checks": [ch.as_dict() for ch in checks], "loss_history": history,
-               "resampling_accepted": accepted, "train_seconds": t_train, "total_seconds": time.time() - t0,
+               "resampling_accepted": accepted, "train_seconds": t_train, "nav_seconds": t_nav,
+               "total_seconds": time.time() - t0,
+               "navigation": {k: v for k, v in nav.items() if k != "per_episode"},
                "paired": {"miou_plmd_minus_semantic_only": [d_sem, se_sem], "miou_plmd_minus_none": [d_none, se_none],
                           "miou_plmd_minus_no_resample": [d_res, se_res],
                           "obstacle_iou_plmd_minus_semantic_only": [d_obs, se_obs]}}
-    (workdir / "metrics_detail.json").write_text(json.dumps({"per_map": per}, indent=1))
+    (workdir / "metrics_detail.json").write_text(json.dumps({"per_map": per, "navigation": nav["per_episode"]},
+                                                            indent=1))
     return {"metrics": metrics, "verdict": sentence, "reproduced": reproduced, "plots": plots,
             "cause": None if reproduced else cause_class}
+
+
+def _navigate(c: Config, models, cfg, test) -> dict:
+    """Navigation episodes on the test maps for every agent of `NAV_AGENTS` (module docstring, step 5)."""
+    goal, valid = plmd_nav.choose_goals(test["labels"], test["known"], c.seed * 1000 + 3)
+    runs = {}
+    for agent in NAV_AGENTS:
+        calls = [0]
+
+        def complete_fn(belief, known, variant=agent, calls=calls):
+            calls[0] += 1
+            key = jax.random.fold_in(jax.random.PRNGKey(c.seed + 29), calls[0])
+            return np.asarray(plmd_lib.complete(models, belief, known, key, cfg, variant=variant)["labels"])
+
+        fn = None if agent == "frontier" else complete_fn
+        runs[agent] = plmd_nav.run_episodes(test["labels"], test["known"], test["start"], goal,
+                                            max_steps=c.nav_max_steps, radius=c.radius,
+                                            success_dist=c.nav_success_dist, complete_fn=fn,
+                                            consult_every=c.nav_consult_every, progress=c.progress,
+                                            desc=f"navigate ({agent})")
+    ok = valid & (runs["frontier"]["shortest"] > 0)
+    n = int(ok.sum())
+    summary, paired = {}, {}
+    for a in NAV_AGENTS:
+        r = runs[a]
+        summary[a] = {"success": float(r["success"][ok].mean()) if n else 0.0,
+                      "spl": float(r["spl"][ok].mean()) if n else 0.0,
+                      "mean_path_len": float(r["path_len"][ok].mean()) if n else 0.0,
+                      "consults": int(r["consults"])}
+    for key in ("success", "spl"):
+        for other in ("frontier", "semantic_only"):
+            a = runs["plmd"][key][ok].astype(float)
+            b = runs[other][key][ok].astype(float)
+            paired[f"{key}_plmd_minus_{other}"] = list(_paired(a, b)) if n >= 2 else [0.0, 0.0]
+    guided = {a: float(runs[a]["guided_steps"][ok].sum() / max(runs[a]["path_len"][ok].sum(), 1))
+              for a in ("semantic_only", "plmd")}
+    per_episode = [{"goal": fp.CATEGORIES[int(goal[i]) - 2], "valid": bool(ok[i]),
+                    "shortest": int(runs["frontier"]["shortest"][i]),
+                    **{f"{a}_{k}": (bool(runs[a][k][i]) if k == "success" else float(runs[a][k][i]))
+                       for a in NAV_AGENTS for k in ("success", "path_len", "spl")}}
+                   for i in range(len(goal))]
+    return {"episodes": n, "summary": summary, "paired": paired, "guided_fraction": guided,
+            "per_episode": per_episode}
 
 
 _COLORS = np.array([[0.95, 0.95, 0.95], [0.15, 0.15, 0.15], [0.85, 0.3, 0.3], [0.3, 0.5, 0.9], [0.4, 0.75, 0.35],
@@ -233,24 +317,38 @@ def _plot_bars(summary, workdir) -> str:
     return report.savefig(fig, workdir / "metrics.png")
 
 
+def _plot_nav(nav, workdir) -> str:
+    fig, axes = plotting.subplots(1, 2, figsize=(7, 3))
+    for ax, key, title in zip(axes, ("success", "spl"), ("navigation success rate", "navigation SPL")):
+        ax.bar(range(len(NAV_AGENTS)), [nav["summary"][a][key] for a in NAV_AGENTS], color="C1")
+        ax.set_xticks(range(len(NAV_AGENTS)))
+        ax.set_xticklabels([NAV_LABELS[a] for a in NAV_AGENTS], fontsize=7)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{title} ({nav['episodes']} episodes)", fontsize=9)
+    return report.savefig(fig, workdir / "navigation.png")
+
+
 def headline(metrics: Mapping[str, Any]) -> str:
     """Our result in one table cell (the README's "ours" column)."""
     s = metrics["summary"]
     return (f"mIoU {s['plmd']['miou']:.2f} vs {s['semantic_only']['miou']:.2f} (sem-only) vs {s['none']['miou']:.2f} "
             f"(none); wall viol. {100 * s['plmd']['wall_violation_rate']:.1f}% vs "
-            f"{100 * s['semantic_only']['wall_violation_rate']:.1f}% (toy floorplans)")
+            f"{100 * s['semantic_only']['wall_violation_rate']:.1f}%"
+            + (f"; nav SPL {n['plmd']['spl']:.2f} vs {n['frontier']['spl']:.2f} (frontier)"
+               if (n := metrics.get("navigation", {}).get("summary")) else "") + " (toy floorplans)")
 
 
 EXPERIMENT = registry.Experiment(
     slug="plmd",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(grid=16, num_rooms=(2, 3), radius=5, num_train=16, num_test=4, T=4, channels=(4, 4),
-                                train_steps=2, batch_size=4, u_max=1, progress=False),
+        "smoke": lambda: Config(grid=16, num_rooms=(2, 3), radius=5, num_train=16, num_test=4, T=4, channels=(4,),
+                                train_steps=2, batch_size=4, u_max=1, nav_max_steps=12, nav_consult_every=6,
+                                progress=False),
         "quick": lambda: Config(),
         "paper": lambda: Config(grid=32, num_rooms=(3, 6), radius=8, num_train=20000, num_test=200, T=50,
                                 max_sigma=60 / 255, channels=(32, 64, 128), train_steps=20000, batch_size=32,
-                                lr=2e-4, u_min=4, u_max=25),
+                                lr=2e-4, u_min=4, u_max=25, nav_max_steps=100),
     },
     run=run,
 )

@@ -8,8 +8,11 @@ Modules (import them directly, e.g. `from algorithms.agents import calculus_grad
   eelma: effective empowerment of an agent from its logged interactions (InfoNCE bounds with critic
     networks over action and future-state embeddings, the geometric future offset, the read-out) and
     exact effective empowerment by enumeration on small discrete environments.
+  mcp_persona: MCP-Persona, simulated personal apps (social feed, messaging, documents, calendar)
+    with their state in SQLite, served as tools by a real MCP server (the `mcp` SDK), task generation
+    with checkable end states, the client harness and its metrics, scripted agents of graded skill.
 """
 
-from algorithms.agents import calculus_grading, eelma
+from algorithms.agents import calculus_grading, eelma, mcp_persona
 
-__all__ = ["calculus_grading", "eelma"]
+__all__ = ["calculus_grading", "eelma", "mcp_persona"]

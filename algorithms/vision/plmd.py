@@ -130,7 +130,10 @@ class PLMDModels(nnx.Module):
 
 
 def init_models(config: PLMDConfig, seed: int = 0) -> PLMDModels:
-    return PLMDModels(config, rngs=nnx.Rngs(seed))
+    """The three freshly initialised denoisers. The initialisers draw from an ``rbg`` PRNG key
+    (XLA's RngBitGenerator): the default threefry key makes the ~100 small eager initialiser
+    calls compile one threefry kernel each, several seconds on CPU before any training."""
+    return PLMDModels(config, rngs=nnx.Rngs(jax.random.key(seed, impl="rbg")))
 
 
 def _check_maps(labels, known, num_labels):
@@ -208,7 +211,7 @@ def train(models: PLMDModels, data: Mapping[str, np.ndarray], config: PLMDConfig
         return optax.apply_updates(params, updates), opt_state, parts
 
     rng = np.random.default_rng(seed)
-    key = jax.random.PRNGKey(seed)
+    key = jax.random.key(seed, impl="rbg")       # cheap to compile (see `init_models`)
     history = []
     for i in tqdm.trange(steps, desc="plmd train", disable=not progress):
         idx = rng.integers(0, len(labels), batch_size)
@@ -252,44 +255,74 @@ def _sem_step(graphdef, p, enc, x, t, s, k, sch, with_prior=True):
     return sde.reverse_step(x, eps, enc["mu_s"], t, sch, key=k)
 
 
-_STATIC = ("graphdef", "config", "critic")
+# Each jitted piece holds at most one U-Net, so a sampler compiles three U-Net forwards (obstacle,
+# semantic with SPADE, semantic-only) however the stage functions combine them (the smoke preset's
+# run time is mostly compilation).
+@functools.partial(jax.jit, static_argnames=("graphdef", "config"))
+def _obs_step_j(p, enc, s, t, k, *, graphdef, config):
+    return _obs_step(graphdef, p, enc, s, t, k, config.schedule)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@functools.partial(jax.jit, static_argnames=("graphdef", "config", "with_prior"))
+def _sem_step_j(p, enc, x, t, s, k, *, graphdef, config, with_prior):
+    return _sem_step(graphdef, p, enc, x, t, s, k, config.schedule, with_prior)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "critic"))
+def _critic_j(t, x, s, enc, *, config, critic):
+    return critic(t, x, s, enc, config.schedule, config)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _renoise_j(s, enc, t, k, *, config):
+    """Re-noises s from level t-1 up to t-1+re (forward Euler steps)."""
+    ks = jax.random.split(k, config.re)
+    for j in range(config.re):
+        s = sde.forward_step(ks[j], s, enc["mu_o"], jnp.minimum(t + j, config.T), config.schedule)
+    return s
+
+
 def _early(p, enc, x, s, t, k, *, graphdef, config, critic):
-    sch = config.schedule
     k1, k2 = jax.random.split(k)
-    s = _obs_step(graphdef, p, enc, s, t, k1, sch)
-    x_new = _sem_step(graphdef, p, enc, x, t, s, k2, sch)
-    return x_new, s, critic(t, x_new, s, enc, sch, config)
+    s = _obs_step_j(p, enc, s, t, k1, graphdef=graphdef, config=config)
+    x_new = _sem_step_j(p, enc, x, t, s, k2, graphdef=graphdef, config=config, with_prior=True)
+    return x_new, s, _critic_j(t, x_new, s, enc, config=config, critic=critic)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
 def _trial(p, enc, x, s, t, k, *, graphdef, config, critic):
-    sch, T = config.schedule, config.T
-    ks = jax.random.split(k, 2 * config.re + 1)
-    s2 = s
-    for j in range(config.re):                      # re-noise s from level t-1 up to t-1+re
-        s2 = sde.forward_step(ks[j], s2, enc["mu_o"], jnp.minimum(t + j, T), sch)
-    for j in range(config.re):                      # and denoise back with known-cell replacement
-        s2 = _obs_step(graphdef, p, enc, s2, jnp.minimum(t - 1 + config.re - j, T), ks[config.re + j], sch)
-    x2 = _sem_step(graphdef, p, enc, x, t, s2, ks[-1], sch)
-    return x2, s2, critic(t, x2, s2, enc, sch, config)
+    T = config.T
+    ks = jax.random.split(k, config.re + 2)
+    s2 = _renoise_j(s, enc, t, ks[0], config=config)
+    for j in range(config.re):                      # denoise back with known-cell replacement
+        s2 = _obs_step_j(p, enc, s2, jnp.minimum(t - 1 + config.re - j, T), ks[1 + j], graphdef=graphdef,
+                         config=config)
+    x2 = _sem_step_j(p, enc, x, t, s2, ks[-1], graphdef=graphdef, config=config, with_prior=True)
+    return x2, s2, _critic_j(t, x2, s2, enc, config=config, critic=critic)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC + ("with_prior",))
 def _late(p, enc, x, t, k, *, graphdef, config, critic, with_prior):
     del critic
-    sch = config.schedule
     k1, k2 = jax.random.split(k)
-    s = x[..., config.wall_label:config.wall_label + 1]
-    x = _sem_step(graphdef, p, enc, x, t, s, k1, sch, with_prior)
-    return _merge(k2, x, enc["x0_s"] * enc["m"], enc["mu_s"], enc["m"], t - 1, sch)
+    s = x[..., config.wall_label:config.wall_label + 1] if with_prior else None
+    x = _sem_step_j(p, enc, x, t, s, k1, graphdef=graphdef, config=config, with_prior=with_prior)
+    return _finish(enc, x, t, k2, config=config)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _finish(enc, x, t, k, *, config):
     return _merge(k, x, enc["x0_s"] * enc["m"], enc["mu_s"], enc["m"], t - 1, config.schedule)
+
+
+def _as_rbg(key: jax.Array) -> jax.Array:
+    """A deterministic ``rbg`` key from any PRNG key (raw uint32 or typed): the sampler's many small
+    random draws then compile as RngBitGenerator ops instead of threefry kernels (seconds on CPU)."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if jax.random.key_impl(key) == jax.random.key_impl(jax.random.key(0, impl="rbg")):
+            return key
+        key = jax.random.key_data(key)
+    data = jnp.asarray(key, jnp.uint32).reshape(-1)
+    data = jnp.resize(jnp.concatenate([data, data ^ jnp.uint32(0x9E3779B9)]), (4,))
+    return jax.random.wrap_key_data(data, impl="rbg")
 
 
 def complete(models: PLMDModels, labels: jax.Array, known: jax.Array, key: jax.Array, config: PLMDConfig, *,
@@ -324,7 +357,7 @@ def complete(models: PLMDModels, labels: jax.Array, known: jax.Array, key: jax.A
     T, late = config.T, int(round(config.late_fraction * config.T))
     statics = dict(graphdef=graphdef, config=config, critic=critic)
 
-    k0, k1, key = jax.random.split(key, 3)
+    k0, k1, key = jax.random.split(_as_rbg(key), 3)
     x = enc["mu_s"] + sch.max_sigma * jax.random.normal(k0, enc["mu_s"].shape)
     s = enc["mu_o"] + sch.max_sigma * jax.random.normal(k1, enc["mu_o"].shape)
     x = _merge(k0, x, enc["x0_s"] * m, enc["mu_s"], m, jnp.asarray(T), sch)
