@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Learning over models and labels: model zoos, MVProbe, active learning with FM priors
+# # Learning over models and labels: model zoos, MVProbe, WeightCLIP, active learning with FM priors
 #
 # How to call the methods of issue 31's papers that exist so far and read their results:
 #
@@ -22,10 +22,13 @@
 #   the bundled digits, and the hidden-unit permutation symmetry of their weights;
 # - MVProbe (`algorithms.weight_space.mvprobe`): first-order and Gram views of a weight matrix, against
 #   ProbeX, to predict what a model was trained on;
+# - WeightCLIP (`algorithms.weight_space.weightclip`): a weight autoencoder whose per-token latents are
+#   aligned with a dataset encoder by a SigLIP-style loss, for dataset-to-model retrieval and for
+#   generating weights for an unseen dataset;
 # - active learning under class imbalance and label noise (`algorithms.active_learning`): the
 #   selection rules (margin, entropy, coreset, DIRECT) and the foundation-model-prior co-decision.
 #
-# WeightCLIP is not built yet. Set RUN_EXPERIMENTS=1 to rerun the quick presets here (minutes).
+# Set RUN_EXPERIMENTS=1 to rerun the quick presets here (minutes).
 
 # %%
 # Setup: on Colab, install the library from its repository (set REPO_URL to your
@@ -84,7 +87,31 @@ print("MVProbe logits", probe(w).shape, "| ProbeX logits", probex(w).shape)
 mvprobe_result = report.show_result("mvprobe", rerun=RUN_EXPERIMENTS)
 
 # %% [markdown]
-# ## 2. Selecting what to label
+# ## 2. WeightCLIP: a shared space for weights and datasets
+#
+# An MLP becomes a sequence of tokens (one row `[kernel[:, j], bias[j]]` per output unit, cut into
+# pieces of `tokensize`); `detokenize` inverts it exactly. The SigLIP loss scores every (token, dataset)
+# pair: positive when the token's model was trained on that dataset.
+
+# %%
+from algorithms.weight_space import weightclip as wc
+
+kernels = [rng.normal(size=(3, 8, 6)).astype(np.float32), rng.normal(size=(3, 6, 4)).astype(np.float32)]
+biases = [rng.normal(size=(3, 6)).astype(np.float32), rng.normal(size=(3, 4)).astype(np.float32)]
+tokens, mask, positions = wc.tokenize(kernels, biases, tokensize=4)
+k_back, b_back = wc.detokenize(tokens, [(8, 6), (6, 4)], tokensize=4)
+print("tokens", tokens.shape, "| exact round trip:",
+      all(np.allclose(a, b) for a, b in zip(kernels + biases, list(k_back) + list(b_back))))
+z = jnp.asarray(rng.normal(size=(6, 8)), jnp.float32)   # six tokens' latents
+d = jnp.asarray(rng.normal(size=(2, 8)), jnp.float32)   # two datasets' embeddings
+pos = jnp.asarray(np.repeat(np.eye(2, dtype=bool), 3, axis=0))  # tokens 0-2 from dataset 0, 3-5 from 1
+print("SigLIP alignment loss:", float(wc.siglip_alignment_loss(z, d, pos, temperature=10.0)))
+
+# %%
+weightclip_result = report.show_result("weightclip", rerun=RUN_EXPERIMENTS)
+
+# %% [markdown]
+# ## 3. Selecting what to label
 #
 # Every rule returns exactly `budget` new indices and never re-picks a labeled one. The annotator's
 # noise is fixed per item (`noisy_annotations`).

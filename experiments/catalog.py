@@ -701,6 +701,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
             " that beats standard fine-tuning."
         ),
         paper_result="better retrieval, generation, refinement (no numbers in spec)",
+        inferred="canonicalization by weight matching; per-entry standardization; an MLP set encoder with labels; the evaluation protocol",
+        status="implemented",
     ),
     CatalogEntry(
         slug="mvprobe",
