@@ -548,7 +548,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         arxiv="2606.04434",
         area="multimodal",
         issue=30,
-        code="algorithms/vision/hyper_icl.py",
+        code="algorithms/alignment/hyper_icl.py",
         claim=(
             "A low-rank logit-level attention adapter with query-adaptive"
             " modulation, distilled from a demonstration-conditioned teacher by a"
@@ -560,6 +560,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
             "Idefics-9B VQAv2/OK-VQA/COCO 62.08/55.31/117.44 vs 32-shot ICL"
             " 56.18/48.48/105.89"
         ),
+        inferred="initialization, gate LayerNorm, GQA mapping, which hidden states are anchored; the L2 and additive baselines; the ICL task",
+        status="implemented",
     ),
     CatalogEntry(
         slug="staged_vlm",
@@ -571,7 +573,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         arxiv="2605.20177",
         area="multimodal",
         issue=30,
-        code="algorithms/vision/staged_posttraining.py",
+        code="algorithms/rl/staged_perception.py",
         claim=(
             "Training visual perception first (with RL), then visual reasoning,"
             " then textual reasoning beats merged training, with 1.5% higher"
@@ -581,6 +583,8 @@ CATALOG: tuple[CatalogEntry, ...] = (
         paper_result=(
             "+1.5% reasoning accuracy with 20.8% shorter traces vs merged training"
         ),
+        inferred="optimizer/reference reset per stage; merged = pooled staged prompts; word-level rewards; the scenes task",
+        status="implemented",
     ),
     # ------------------------------------------------------------------ vision
     CatalogEntry(

@@ -5,6 +5,8 @@ Modules:
     per-pair conflict detection and score, the adaptive margin / strength, the multi-objective
     baselines (DPO per objective, fixed-weight mixture, MODPO) over pairs rated on two objectives,
     and a jitted training loop on sequence log-probs under a frozen reference.
+  hyper_icl: Hyper-ICL, a low-rank query-gated attention-logit adapter (through the LM's
+    `attention_bias` hook) distilled from an in-context teacher with a Lorentz-model anchor loss.
   rosa2: ROSA2 words-and-weights co-adaptation over a multi-turn interaction: the feedback normalizer
     (words) and the ROSA one-step KL-regularized adapter update solved by conjugate gradient (weights).
   style_heads: Style Modulation Heads: layer-wise cosine localization of a style direction, head-wise
@@ -13,7 +15,7 @@ Modules:
 The loss functions themselves (DPO, IPO, SimPO, margin-DPO) are in `primitives.preference_losses`.
 """
 
-from algorithms.alignment import camp, rosa2, style_heads
+from algorithms.alignment import camp, hyper_icl, rosa2, style_heads
 from algorithms.alignment.camp import (
     METHODS,
     CAMPConfig,
@@ -29,6 +31,6 @@ from algorithms.alignment.camp import (
 )
 
 __all__ = [
-    "camp", "rosa2", "style_heads", "METHODS", "CAMPConfig", "PreferenceConfig", "camp_loss", "camp_margin_and_strength",
+    "camp", "hyper_icl", "rosa2", "style_heads", "METHODS", "CAMPConfig", "PreferenceConfig", "camp_loss", "camp_margin_and_strength",
     "conflict_score", "detect_conflicts", "method_loss", "orient_pairs", "sequence_logprobs", "train",
 ]

@@ -15,6 +15,9 @@ Modules:
     sink checks, longest-path depth and the rule-based structural reward.
   nmars: N-MARS: the <UNDO> token (vocabulary extension, stack rendering,
     augmentation from the model's own deviations, masked SFT, the UNDO reward).
+  staged_perception: staged perception -> reasoning post-training of a VLM: GRPO with images
+    (prefill + `generate`), accuracy + format reward, stage schedules vs merged training at equal
+    rollouts, checkpointed and resumable mid-stage (import it directly: it pulls in models.vlm).
 """
 
 from algorithms.rl import differential_smoothing, grpo, nmars, scm_grpo
