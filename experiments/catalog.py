@@ -537,6 +537,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         ),
         paper_result="better efficiency-accuracy trade-offs (no numbers in spec)",
         inferred="the whole design: reconstructed from the abstract after the closest published methods (spec section 4)",
+        status="implemented",
     ),
     CatalogEntry(
         slug="hyper_icl",

@@ -1,0 +1,649 @@
+"""PRIM: cooperative dynamic token compression for an audio-visual LM (a RECONSTRUCTION, see below).
+
+READ FIRST -- what is the paper's and what is ours. Only PRIM's abstract was available (ICML 2026
+poster page; no PDF, no code). The abstract names three components: (1) text-conditioned early
+audio-visual fusion, (2) attention-guided and frequency-aware removal of audio and video tokens
+before the LM, (3) task-adaptive token retention inside the LM. EVERY concrete operator below is
+[INFERRED]: the instantiation proposed by the spec (papers/specs/inference_moe.md section 4 (b)),
+built from the closest published designs -- FastV / PyramidDrop (attention-ranked pruning inside the
+LM) and OmniZip / EchoingPixels / SEATS / ContextGuard (audio-visual pruning before the LM). Treat
+results obtained with this module as results of that design, not of the paper's exact algorithm.
+
+Pipeline (`prim_plan` then `pruned_forward`), all [INFERRED] from the spec:
+
+  1. Text relevance `text_relevance`: rho_j = mean over question tokens and heads of the softmax over
+     the audio-visual (AV) tokens j of q.k / sqrt(d), with q, k either the LM's first-layer rotated
+     queries / keys (`relevance="layer0"`, the spec's option) or the raw input embeddings
+     (`relevance="embed"`, parameter-free, one head). DEVIATION from the spec's formula: the softmax
+     runs over video and audio tokens jointly (the spec's per-modality softmax makes
+     m_v = sum rho_v = 1 = m_a always, so its modality budget b_v = B m_v / (m_v + m_a) would be B/2
+     for every question).
+  2. Fusion `fuse_audio_visual`: V' = V + gamma Attn(V, A_tau(v), A_tau(v)) and symmetrically
+     A' = A + gamma Attn(A, V_tau(a), V_tau(a)), attention restricted to the time-aligned window
+     (`align` [n_v, n_a]) and text-conditioned by adding log rho of the key tokens to the logits.
+     gamma = 0 is the identity (the "pure selection" variant).
+  3. Modality budgets `modality_budgets`: b_v = round(B m_v / (m_v + m_a)) clamped so that each
+     modality keeps >= min(b_min, its size) tokens and b_v + b_a = B exactly.
+  4. Frequency-aware scores `frequency_scores`: per modality, the token sequence (video: patch raster
+     order; audio: time) is cut into windows of `window` tokens; the energy of token j's high-pass part
+     (DFT along the window, bins with frequency index min(k, w - k) >= cutoff kept, inverse DFT) is its
+     score. cutoff = 1 removes only the DC bin: tokens equal to their window's mean (static background,
+     silence) score 0. The per-modality score is (1 - lambda) rho / max rho + lambda f / max f, and
+     the top b_v video and top b_a audio tokens are kept (`prim_plan`). The spec's MERGING of low-energy
+     runs into one averaged token is NOT implemented (selection only; see "Missing" below).
+  5. In-LM adaptive retention (`InLMPrune(kind="adaptive")`): at layer K the attention of the last
+     prompt token to every remaining AV token (mean over heads, renormalised over AV tokens) is sorted;
+     each row keeps the smallest set whose mass reaches p, bounded by [r_min, r_max] times the AV
+     tokens present. The rows then hold different counts: the batch is gathered to the static cap
+     ceil(r_max n) and the extra slots are isolated by segment ids (no real token attends to them),
+     so every row computes exactly what its kept set defines; `modeled_flops` counts each row's own
+     count (what a ragged or batch-1 implementation runs), the measured wall time runs the cap.
+
+Baselines at the same budget B (the number of AV tokens that enter the LM):
+  * `uniform_plan`: strided pruning, each modality keeps a share proportional to its size,
+    evenly spaced (no scoring);
+  * FastV (`InLMPrune(kind="fastv")`, Chen et al. 2024): every AV token enters the LM; after layer K
+    the B AV tokens most attended by the last prompt token are kept (K = 2 in FastV).
+
+Positions: kept tokens keep their ORIGINAL positions (RoPE and the causal mask); pruning never
+renumbers. The pruned forward really runs on fewer tokens (gathers) over the LM's public submodules
+(`lm.layers[l]`, `lm.final_norm`, `lm.unembed` / `lm.embed`): `Transformer.__call__` cannot change the
+sequence length between layers, which FastV and the adaptive retention need, so this module has its
+own layer loop (`Block.__call__` with `segment_ids`, unchanged maths; tested equal to the unpruned
+`VLM` at keep-all and to the full model with the dropped tokens masked out through `attention_bias`).
+
+Compute model (`modeled_flops`): forward FLOPs from `TransformerConfig.flops_per_token` split into
+per-layer weight matmuls (2 FLOPs per multiply-add) and attention (4 t h d per token at t tokens, the
+full t x t convention of `flops_per_token`), summed over each layer's token count, plus the logits of
+the one query row and the scoring overhead of the method (relevance projections and scores, the
+attention row of the in-LM stage). The encoders run in full for every method and are not counted.
+
+Dimension legend: `b` batch, `t` sequence tokens, `n` AV tokens (n_v video, n_a audio), `q` question
+tokens, `D` LM width, `h` heads, `d` head dim, `w` window, `L` layers, `B` AV token budget.
+
+Missing / weak (spec 4 (b)): merging of low-energy tokens, the pyramid (second in-LM stage) and the
+final "drop all AV tokens below eps" rule are not implemented; the in-LM attention row is recomputed
+from the layer's weights (one query row) rather than taken from a flash kernel's designated rows.
+
+References:
+  Spec: /work/shared/papers/specs/inference_moe.md section 4 (PRIM: Song Li, Yongping Xiong, ICML 2026;
+  abstract only).
+  Chen et al., "An Image is Worth 1/2 Tokens After Layer 2" (FastV), arXiv:2403.06764, 2024.
+  Xing et al., "PyramidDrop", arXiv:2410.17247, 2024.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from primitives import attention as attn_lib
+
+__all__ = [
+    "TEXT", "VIDEO", "AUDIO", "PRIMConfig", "InLMPrune", "Layout", "Plan", "PrunedOutput",
+    "budget_count", "layout_from_tokens", "modality_budgets", "text_relevance", "frequency_scores",
+    "fuse_audio_visual", "cumulative_mass_count", "keep_indices", "uniform_plan", "full_plan", "prim_plan",
+    "pruned_forward", "scoring_flops", "modeled_flops",
+]
+
+TEXT, VIDEO, AUDIO = 0, 1, 2
+_NEG = -1e30
+
+
+# ------------------------------------------------------------------ configuration
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PRIMConfig:
+    """PRIM's pre-LM stage (every field [INFERRED], spec 4 (b)).
+
+    Attributes:
+      relevance: "layer0" (the LM's first-layer rotated q/k, all heads) or "embed" (raw embeddings).
+      fusion_gamma: gamma of the aligned-window fusion (0 = pure selection, the identity).
+      freq_weight: lambda in [0, 1], weight of the frequency score against the relevance.
+      video_window / audio_window: window lengths (tokens) of the frequency scores.
+      freq_cutoff: lowest kept frequency index (>= 1; 1 removes the DC bin only).
+      min_per_modality: b_min, tokens each modality keeps at least (when it has them and B allows).
+    """
+
+    relevance: str = "layer0"
+    fusion_gamma: float = 0.0
+    freq_weight: float = 0.5
+    video_window: int = 6
+    audio_window: int = 3
+    freq_cutoff: int = 1
+    min_per_modality: int = 1
+
+    def __post_init__(self):
+        if self.relevance not in ("layer0", "embed"):
+            raise ValueError(f"relevance: expected 'layer0' or 'embed', got {self.relevance!r}")
+        if not (math.isfinite(self.fusion_gamma) and self.fusion_gamma >= 0):
+            raise ValueError(f"fusion_gamma: expected a finite value >= 0, got {self.fusion_gamma!r}")
+        if not 0.0 <= self.freq_weight <= 1.0:
+            raise ValueError(f"freq_weight: expected a value in [0, 1], got {self.freq_weight!r}")
+        for name in ("video_window", "audio_window", "freq_cutoff"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+        if not isinstance(self.min_per_modality, int) or self.min_per_modality < 0:
+            raise ValueError(f"min_per_modality: expected an int >= 0, got {self.min_per_modality!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InLMPrune:
+    """One in-LM pruning stage after layer `layer` (0-based; layers > layer run on the kept tokens).
+
+    Attributes:
+      kind: "fastv" (keep the `keep` AV tokens most attended by the query row) or "adaptive"
+        (PRIM: the smallest set reaching attention mass `mass`, in [r_min, r_max] of those present).
+      layer: K, the layer whose attention row ranks the tokens.
+      keep: AV tokens kept by "fastv" (an int >= 1).
+      mass: p in (0, 1] of "adaptive".
+      r_min, r_max: bounds of "adaptive" as fractions in (0, 1] of the AV tokens present (r_min <= r_max).
+    """
+
+    kind: str
+    layer: int
+    keep: int = 1
+    mass: float = 0.9
+    r_min: float = 0.25
+    r_max: float = 1.0
+
+    def __post_init__(self):
+        if self.kind not in ("fastv", "adaptive"):
+            raise ValueError(f"kind: expected 'fastv' or 'adaptive', got {self.kind!r}")
+        if not isinstance(self.layer, int) or self.layer < 0:
+            raise ValueError(f"layer: expected an int >= 0, got {self.layer!r}")
+        if not isinstance(self.keep, int) or self.keep < 1:
+            raise ValueError(f"keep: expected an int >= 1, got {self.keep!r}")
+        if not 0.0 < self.mass <= 1.0:
+            raise ValueError(f"mass: expected a value in (0, 1], got {self.mass!r}")
+        if not (0.0 < self.r_min <= self.r_max <= 1.0):
+            raise ValueError(f"r_min, r_max: expected 0 < r_min <= r_max <= 1, got {self.r_min!r}, {self.r_max!r}")
+
+
+class Layout(NamedTuple):
+    """Static sequence layout shared by every row: `modality` [t] numpy int (TEXT / VIDEO / AUDIO)."""
+
+    modality: np.ndarray
+
+    @property
+    def video(self) -> np.ndarray:
+        return np.flatnonzero(self.modality == VIDEO)
+
+    @property
+    def audio(self) -> np.ndarray:
+        return np.flatnonzero(self.modality == AUDIO)
+
+    @property
+    def num_av(self) -> int:
+        return int(np.sum(self.modality != TEXT))
+
+
+class Plan(NamedTuple):
+    """Pre-LM selection: `keep` [b, t'] int32 kept sequence indices (ascending; every text token
+    kept) and the input embeddings `x` [b, t, D] to gather from (fused when gamma > 0)."""
+
+    keep: jax.Array
+    x: jax.Array
+
+
+class PrunedOutput(NamedTuple):
+    """`logits` [b, v] float32 at the query row; `av_per_layer` [b, L] int32 AV tokens up to the query
+    that each row's layer l really attends over (kept, not padding); `text_tokens` [b] int32 real text
+    tokens up to the query; `final_keep` [b, t] bool over the FULL sequence: the tokens the last layer
+    runs on (padding slots excluded)."""
+
+    logits: jax.Array
+    av_per_layer: jax.Array
+    text_tokens: jax.Array
+    final_keep: jax.Array
+
+
+# ------------------------------------------------------------------ budgets and layouts
+
+
+def budget_count(fraction: float, n: int) -> int:
+    """B = max(1, round(fraction * n)) AV tokens for a kept `fraction` in (0, 1] of `n` tokens.
+
+    Raises:
+      ValueError: `fraction` outside (0, 1] or `n` < 1.
+    """
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating)) or not (
+            0.0 < float(fraction) <= 1.0):
+        raise ValueError(f"fraction: expected a kept fraction in (0, 1], got {fraction!r}")
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n: expected an int >= 1, got {n!r}")
+    return int(min(n, max(1, round(float(fraction) * n))))
+
+
+def layout_from_tokens(tokens, *, image_token_id: int, audio_token_id: int | None) -> Layout:
+    """The layout of `tokens` [b, t] (placeholder ids -> VIDEO / AUDIO); every row must agree.
+
+    Raises:
+      ValueError: tokens not [b, t], or rows whose placeholders sit at different positions.
+    """
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens: expected [b, t], got shape {tokens.shape}")
+    mod = np.full(tokens.shape, TEXT, np.int32)
+    mod[tokens == image_token_id] = VIDEO
+    if audio_token_id is not None:
+        mod[tokens == audio_token_id] = AUDIO
+    if not np.all(mod == mod[:1]):
+        raise ValueError("tokens: every row must hold its image/audio placeholders at the same positions")
+    return Layout(mod[0])
+
+
+def modality_budgets(mass_v: jax.Array, mass_a: jax.Array, budget: int, n_v: int, n_a: int, *,
+                     min_per_modality: int = 1) -> tuple[jax.Array, jax.Array]:
+    """Per-row budgets (b_v [b], b_a [b]) int32 with b_v + b_a = `budget` exactly (spec 4 (b) 2).
+
+    b_v = round(B m_v / (m_v + m_a)) clamped to [lo, hi], lo = max(B - n_a, min(b_min, n_v, B)),
+    hi = max(lo, min(n_v, B - min(b_min, n_a, B))); b_a = B - b_v. Equal masses give B / 2 (rounded).
+
+    Args:
+      mass_v, mass_a: [b] nonnegative modality relevance masses (m_v = sum rho_v, m_a = sum rho_a).
+      budget: B in [1, n_v + n_a].
+      n_v, n_a: modality sizes (>= 0, not both 0).
+      min_per_modality: b_min >= 0.
+
+    Raises:
+      ValueError: naming the argument, for a budget outside [1, n_v + n_a] or mismatched masses.
+    """
+    if n_v < 0 or n_a < 0 or n_v + n_a < 1:
+        raise ValueError(f"n_v, n_a: expected sizes >= 0 with n_v + n_a >= 1, got {n_v}, {n_a}")
+    if not isinstance(budget, (int, np.integer)) or not 1 <= budget <= n_v + n_a:
+        raise ValueError(f"budget: expected an int in [1, {n_v + n_a}], got {budget!r}")
+    if jnp.shape(mass_v) != jnp.shape(mass_a) or jnp.ndim(mass_v) != 1:
+        raise ValueError(f"mass_v, mass_a: expected matching [b] arrays, got {jnp.shape(mass_v)} and "
+                         f"{jnp.shape(mass_a)}")
+    lo = max(budget - n_a, min(min_per_modality, n_v, budget))
+    hi = max(lo, min(n_v, budget - min(min_per_modality, n_a, budget)))
+    total = jnp.maximum(mass_v + mass_a, 1e-30)
+    b_v = jnp.clip(jnp.round(budget * mass_v / total), lo, hi).astype(jnp.int32)
+    return b_v, (budget - b_v).astype(jnp.int32)
+
+
+# ------------------------------------------------------------------ scores
+
+
+def text_relevance(q: jax.Array, q_mask: jax.Array, k: jax.Array) -> jax.Array:
+    """rho [b, n] float32: mean over valid queries and heads of softmax_j(q . k_j / sqrt(d)).
+
+    Args:
+      q: [b, q, h, d] queries (question tokens); q_mask: [b, q] bool, which are real.
+      k: [b, n, h, d] keys of the n AV tokens (heads already matched to q's).
+
+    Every row of rho sums to 1 (joint softmax over video and audio tokens, see the module docstring).
+
+    Raises:
+      ValueError: naming the argument for shapes that disagree.
+    """
+    if q.ndim != 4 or k.ndim != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise ValueError(f"q, k: expected [b, q, h, d] and [b, n, h, d] with the same b, h, d, got "
+                         f"{q.shape} and {k.shape}")
+    if q_mask.shape != q.shape[:2]:
+        raise ValueError(f"q_mask: expected shape {q.shape[:2]}, got {q_mask.shape}")
+    logits = jnp.einsum("bqhd,bnhd->bhqn", q.astype(jnp.float32), k.astype(jnp.float32)) / math.sqrt(q.shape[-1])
+    p = jax.nn.softmax(logits, axis=-1).mean(axis=1)  # [b, q, n]
+    w = q_mask.astype(jnp.float32)
+    return jnp.einsum("bqn,bq->bn", p, w) / jnp.maximum(w.sum(-1, keepdims=True), 1.0)
+
+
+def frequency_scores(x: jax.Array, *, window: int, cutoff: int = 1) -> jax.Array:
+    """High-pass energy [b, n] float32 of each token along the sequence axis (spec 4 (b) 2, [INFERRED]).
+
+    The n tokens of `x` [b, n, D] are cut into consecutive windows of `window` tokens (a last shorter
+    window keeps its own length); within a window of length w, the DFT along the window axis keeps
+    the bins k with min(k, w - k) >= `cutoff`, the inverse DFT gives the high-pass part y_j, and the
+    score of token j is ||y_j||^2. With cutoff = 1 this is ||x_j - mean(window)||^2; a window of one
+    token (or cutoff > w // 2) scores 0.
+
+    Raises:
+      ValueError: x not [b, n, D], window < 1 or cutoff < 1 (naming the argument).
+    """
+    if x.ndim != 3:
+        raise ValueError(f"x: expected [b, n, D], got shape {x.shape}")
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window: expected an int >= 1, got {window!r}")
+    if not isinstance(cutoff, int) or cutoff < 1:
+        raise ValueError(f"cutoff: expected an int >= 1, got {cutoff!r}")
+    x = x.astype(jnp.float32)
+    outs = []
+    for start in range(0, x.shape[1], window):
+        seg = x[:, start:start + window]
+        w = seg.shape[1]
+        k = np.arange(w)
+        keep = jnp.asarray(np.minimum(k, w - k) >= cutoff)
+        spec = jnp.fft.fft(seg, axis=1) * keep[None, :, None]
+        y = jnp.real(jnp.fft.ifft(spec, axis=1))
+        outs.append(jnp.sum(y * y, axis=-1))
+    return jnp.concatenate(outs, axis=1)
+
+
+def fuse_audio_visual(v: jax.Array, a: jax.Array, align: np.ndarray, rho_v: jax.Array, rho_a: jax.Array, *,
+                      gamma: float) -> tuple[jax.Array, jax.Array]:
+    """Text-conditioned aligned-window fusion (spec 4 (b) 1, [INFERRED]).
+
+    V'_i = V_i + gamma sum_j softmax_j(V_i . A_j / sqrt(D) + log rho_a_j | align[i, j]) A_j, and
+    A'_j = A_j + gamma sum_i softmax_i(A_j . V_i / sqrt(D) + log rho_v_i | align[i, j]) V_i. A token
+    with no aligned partner is unchanged; gamma = 0 returns the inputs.
+
+    Args:
+      v: [b, n_v, D] video tokens; a: [b, n_a, D] audio tokens.
+      align: [n_v, n_a] bool, True where video token i and audio token j share a time window.
+      rho_v, rho_a: [b, n_v], [b, n_a] nonnegative text relevances.
+      gamma: fusion weight >= 0.
+
+    Raises:
+      ValueError: naming the argument for shapes that disagree or gamma < 0.
+    """
+    if v.ndim != 3 or a.ndim != 3 or v.shape[0] != a.shape[0] or v.shape[2] != a.shape[2]:
+        raise ValueError(f"v, a: expected [b, n_v, D] and [b, n_a, D], got {v.shape} and {a.shape}")
+    align = np.asarray(align, bool)
+    if align.shape != (v.shape[1], a.shape[1]):
+        raise ValueError(f"align: expected shape {(v.shape[1], a.shape[1])}, got {align.shape}")
+    if rho_v.shape != v.shape[:2] or rho_a.shape != a.shape[:2]:
+        raise ValueError(f"rho_v, rho_a: expected {v.shape[:2]} and {a.shape[:2]}, got {rho_v.shape} and {rho_a.shape}")
+    if not (math.isfinite(gamma) and gamma >= 0):
+        raise ValueError(f"gamma: expected a finite value >= 0, got {gamma!r}")
+    if gamma == 0:
+        return v, a
+    m = jnp.asarray(align)
+    s = jnp.einsum("bid,bjd->bij", v.astype(jnp.float32), a.astype(jnp.float32)) / math.sqrt(v.shape[-1])
+    log_ra = jnp.log(jnp.maximum(rho_a, 1e-30))[:, None, :]
+    log_rv = jnp.log(jnp.maximum(rho_v, 1e-30))[:, :, None]
+    wa = jax.nn.softmax(jnp.where(m, s + log_ra, _NEG), axis=2) * jnp.any(m, axis=1)[None, :, None]
+    wv = jax.nn.softmax(jnp.where(m, s + log_rv, _NEG), axis=1) * jnp.any(m, axis=0)[None, None, :]
+    v2 = v + gamma * jnp.einsum("bij,bjd->bid", wa, a.astype(jnp.float32)).astype(v.dtype)
+    a2 = a + gamma * jnp.einsum("bij,bid->bjd", wv, v.astype(jnp.float32)).astype(a.dtype)
+    return v2, a2
+
+
+def cumulative_mass_count(probs: jax.Array, valid: jax.Array, *, mass: float, lo: jax.Array | int,
+                          hi: jax.Array | int) -> jax.Array:
+    """[b] int32: the smallest k such that the k largest of `probs` over `valid` entries, renormalised
+    to sum 1, reach `mass`, clipped to [lo, hi] (spec 4 (b) 3).
+
+    Args:
+      probs: [b, n] nonnegative; valid: [b, n] bool; mass: p in (0, 1]; lo, hi: bounds (ints or [b]).
+    """
+    if probs.shape != valid.shape or probs.ndim != 2:
+        raise ValueError(f"probs, valid: expected matching [b, n], got {probs.shape} and {valid.shape}")
+    if not 0.0 < mass <= 1.0:
+        raise ValueError(f"mass: expected a value in (0, 1], got {mass!r}")
+    p = jnp.where(valid, probs.astype(jnp.float32), 0.0)
+    p = p / jnp.maximum(p.sum(-1, keepdims=True), 1e-30)
+    srt = -jnp.sort(-p, axis=-1)
+    cum = jnp.cumsum(srt, axis=-1)
+    # entries below the target (with a float tolerance) all need to be kept, plus the one that reaches it
+    k = jnp.sum(cum < mass - 1e-6, axis=-1) + 1
+    return jnp.clip(k, lo, hi).astype(jnp.int32)
+
+
+# ------------------------------------------------------------------ plans
+
+
+def keep_indices(keep_mask: jax.Array, count: int) -> jax.Array:
+    """[b, count] int32 ascending indices of the True entries of `keep_mask` [b, t] (exactly `count`
+    per row; ValueError for concrete rows with another count)."""
+    if not isinstance(keep_mask, jax.core.Tracer):
+        counts = np.asarray(jnp.sum(keep_mask, axis=-1))
+        if np.any(counts != count):
+            raise ValueError(f"keep_mask: expected {count} kept entries per row, got {counts.tolist()}")
+    t = keep_mask.shape[-1]
+    key = jnp.where(keep_mask, t - jnp.arange(t)[None, :], -1)
+    return (t - jax.lax.top_k(key, count)[0]).astype(jnp.int32)
+
+
+def _row_ranks(scores: jax.Array) -> jax.Array:
+    """[b, n] rank of each entry in descending order (0 = largest; ties by lower index)."""
+    order = jnp.argsort(-scores, axis=-1, stable=True)
+    return jnp.argsort(order, axis=-1, stable=True)
+
+
+def full_plan(x: jax.Array, layout: Layout) -> Plan:
+    """Keeps every token (the unpruned model, and FastV's input)."""
+    b, t = x.shape[:2]
+    return Plan(jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t)), x)
+
+
+def _proportional(budget: int, n_v: int, n_a: int) -> int:
+    b_v = int(round(budget * n_v / (n_v + n_a)))
+    return int(min(n_v, max(budget - n_a, b_v)))
+
+
+def uniform_plan(x: jax.Array, layout: Layout, fraction: float) -> Plan:
+    """Strided pruning: B = budget_count(fraction, n); each modality keeps its size share, evenly spaced
+    (kept index floor((i + 1/2) n_m / b_m) of its tokens, i < b_m)."""
+    n_v, n_a = len(layout.video), len(layout.audio)
+    budget = budget_count(fraction, n_v + n_a)
+    b_v = _proportional(budget, n_v, n_a)
+    kept = [np.flatnonzero(layout.modality == TEXT)]
+    for idx, bm in ((layout.video, b_v), (layout.audio, budget - b_v)):
+        if bm:
+            kept.append(idx[np.floor((np.arange(bm) + 0.5) * len(idx) / bm).astype(int)])
+    keep = np.sort(np.concatenate(kept)).astype(np.int32)
+    b = x.shape[0]
+    return Plan(jnp.broadcast_to(jnp.asarray(keep)[None], (b, len(keep))), x)
+
+
+def _layer0_qk(vlm, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The first layer's rotated queries [b, t, h, d] and keys [b, t, h, d] (kv heads repeated)."""
+    layer = vlm.lm.layers[0]
+    c = vlm.config.lm
+    h = layer.attn_norm(x)
+    att = layer.attn
+    wq, wk = att.wq[...].astype(x.dtype), att.wk[...].astype(x.dtype)
+    q = attn_lib.rope(jnp.einsum("btD,Dhd->bthd", h, wq), positions, base=c.rope_base)
+    k = attn_lib.rope(jnp.einsum("btD,Dkd->btkd", h, wk), positions, base=c.rope_base)
+    return q, jnp.repeat(k, c.num_heads // c.num_kv_heads, axis=2)
+
+
+def prim_plan(vlm, x: jax.Array, layout: Layout, fraction: float, query_mask: jax.Array, *,
+              config: PRIMConfig = PRIMConfig(), align: np.ndarray | None = None) -> Plan:
+    """PRIM's pre-LM stage: relevance, fusion, modality budgets, frequency-aware top-k per modality.
+
+    Args:
+      vlm: a `models.vlm.VLM` (its LM's first layer gives the relevance with relevance="layer0").
+      x: [b, t, D] input embeddings (`vlm.embed(tokens, images, audio)`).
+      layout: the static layout of the sequence.
+      fraction: kept fraction of the AV tokens, in (0, 1]; B = budget_count(fraction, n).
+      query_mask: [b, t] bool, the question tokens whose attention defines the relevance.
+      config: `PRIMConfig`.
+      align: [n_v, n_a] bool time alignment (needed when config.fusion_gamma > 0).
+
+    Returns:
+      Plan with B AV tokens + every text token per row (and the fused embeddings when gamma > 0).
+
+    Raises:
+      ValueError: naming the argument (fraction outside (0, 1], shapes, missing align).
+    """
+    n_v, n_a = len(layout.video), len(layout.audio)
+    budget = budget_count(fraction, n_v + n_a)
+    if x.ndim != 3 or x.shape[1] != len(layout.modality):
+        raise ValueError(f"x: expected [b, {len(layout.modality)}, D], got shape {x.shape}")
+    if query_mask.shape != x.shape[:2]:
+        raise ValueError(f"query_mask: expected shape {x.shape[:2]}, got {query_mask.shape}")
+    if config.fusion_gamma > 0 and align is None:
+        raise ValueError("align: needed when config.fusion_gamma > 0")
+    b, t = x.shape[:2]
+    av = np.flatnonzero(layout.modality != TEXT)
+    positions = jnp.broadcast_to(jnp.arange(t)[None], (b, t))
+    if config.relevance == "layer0":
+        q_all, k_all = _layer0_qk(vlm, x, positions)
+    else:
+        q_all, k_all = x[:, :, None, :], x[:, :, None, :]
+    rho = text_relevance(q_all, query_mask, k_all[:, av])  # [b, n]
+    is_v = layout.modality[av] == VIDEO
+    vpos, apos = np.flatnonzero(is_v), np.flatnonzero(~is_v)
+    rho_v, rho_a = rho[:, vpos], rho[:, apos]
+    if config.fusion_gamma > 0 and n_v and n_a:
+        v2, a2 = fuse_audio_visual(x[:, layout.video], x[:, layout.audio], align, rho_v, rho_a,
+                                   gamma=config.fusion_gamma)
+        x = x.at[:, layout.video].set(v2).at[:, layout.audio].set(a2)
+    b_v, b_a = modality_budgets(rho_v.sum(-1), rho_a.sum(-1), budget, n_v, n_a,
+                                min_per_modality=config.min_per_modality)
+    keep = jnp.asarray(layout.modality == TEXT)[None].repeat(b, 0)
+    lam = config.freq_weight
+    for idx, rel, bm, window in ((layout.video, rho_v, b_v, config.video_window),
+                                 (layout.audio, rho_a, b_a, config.audio_window)):
+        if len(idx) == 0:
+            continue
+        f = frequency_scores(x[:, idx], window=window, cutoff=config.freq_cutoff)
+        score = ((1 - lam) * rel / jnp.maximum(rel.max(-1, keepdims=True), 1e-30)
+                 + lam * f / jnp.maximum(f.max(-1, keepdims=True), 1e-30))
+        keep = keep.at[:, idx].set(_row_ranks(score) < bm[:, None])
+    n_keep = int(np.sum(layout.modality == TEXT)) + budget
+    return Plan(keep_indices(keep, n_keep), x)
+
+
+# ------------------------------------------------------------------ pruned forward
+
+
+def _query_attention(layer, x, positions, segment_ids, query_index, config) -> jax.Array:
+    """Attention probabilities [b, t] (mean over heads) of the row `query_index` [b] at this layer."""
+    h = layer.attn_norm(x)
+    att = layer.attn
+    wq, wk = att.wq[...].astype(x.dtype), att.wk[...].astype(x.dtype)
+    hq = jnp.take_along_axis(h, query_index[:, None, None], axis=1)  # [b, 1, D]
+    qpos = jnp.take_along_axis(positions, query_index[:, None], axis=1)
+    q = attn_lib.rope(jnp.einsum("btD,Dhd->bthd", hq, wq), qpos, base=config.rope_base)[:, 0]  # [b, h, d]
+    k = attn_lib.rope(jnp.einsum("btD,Dkd->btkd", h, wk), positions, base=config.rope_base)
+    k = jnp.repeat(k, config.num_heads // config.num_kv_heads, axis=2)
+    s = jnp.einsum("bhd,bthd->bht", q.astype(jnp.float32), k.astype(jnp.float32)) / math.sqrt(q.shape[-1])
+    ok = positions <= qpos
+    if segment_ids is not None:
+        ok = ok & (segment_ids == jnp.take_along_axis(segment_ids, query_index[:, None], axis=1))
+    s = jnp.where(ok[:, None, :], s, _NEG)
+    return jax.nn.softmax(s, axis=-1).mean(axis=1)
+
+
+def pruned_forward(vlm, plan: Plan, layout: Layout, query_pos: jax.Array, *,
+                   in_lm: InLMPrune | None = None) -> PrunedOutput:
+    """Runs the LM on the plan's kept tokens (original positions), optionally pruning inside the LM.
+
+    Args:
+      vlm: a `models.vlm.VLM`.
+      plan: `Plan` (keep [b, t'] ascending, x [b, t, D]); the query row must be kept.
+      layout: the static layout of the full sequence.
+      query_pos: [b] int, the full-sequence index of each row's query (last prompt) token; its logits
+        are returned, and its attention at layer `in_lm.layer` ranks the AV tokens.
+      in_lm: an in-LM stage or None.
+
+    Returns:
+      PrunedOutput (logits at the query row; per-layer AV counts; text tokens up to the query).
+
+    Raises:
+      ValueError: naming the argument, for an in-LM layer outside [0, L - 1).
+    """
+    lm, c = vlm.lm, vlm.config.lm
+    L = c.num_layers
+    if in_lm is not None and not in_lm.layer < L - 1:
+        raise ValueError(f"in_lm.layer: expected < num_layers - 1 = {L - 1} (later layers must remain), "
+                         f"got {in_lm.layer}")
+    query_pos = jnp.asarray(query_pos, jnp.int32)
+    keep = plan.keep
+    b = keep.shape[0]
+    if query_pos.shape != (b,):
+        raise ValueError(f"query_pos: expected shape ({b},), got {query_pos.shape}")
+    x = jnp.take_along_axis(plan.x, keep[:, :, None], axis=1)
+    positions = keep
+    mod = jnp.asarray(layout.modality)[keep]  # [b, t']
+    av = mod != TEXT
+    q_idx = jnp.sum(keep < query_pos[:, None], axis=1).astype(jnp.int32)
+    text_tokens = jnp.sum((~av) & (positions <= query_pos[:, None]), axis=1).astype(jnp.int32)
+    real = jnp.ones(keep.shape, bool)
+    seg = None
+    counts = []
+    for l, layer in enumerate(lm.layers):
+        counts.append(jnp.sum(av & real & (positions <= query_pos[:, None]), axis=1))
+        x_in = x
+        x = layer(x, positions, segment_ids=seg)[0]
+        if in_lm is not None and l == in_lm.layer:
+            probs = _query_attention(layer, x_in, positions, seg, q_idx, c)
+            valid = av & real
+            n_text = int(np.sum(layout.modality == TEXT))
+            n_present = int(av.shape[1] - n_text)  # AV slots in the sequence (text is never dropped)
+            if in_lm.kind == "fastv":
+                cap = min(in_lm.keep, n_present)
+                count = jnp.full((b,), cap, jnp.int32)
+            else:
+                cap = max(1, math.ceil(in_lm.r_max * n_present))
+                lo = max(1, math.ceil(in_lm.r_min * n_present))
+                count = cumulative_mass_count(probs, valid, mass=in_lm.mass, lo=min(lo, cap), hi=cap)
+            rank = _row_ranks(jnp.where(valid, probs, -1.0))
+            keep_mask = (~av) | (rank < cap)
+            idx = keep_indices(keep_mask, n_text + cap)
+            real_new = jnp.take_along_axis((~av) | (rank < count[:, None]), idx, axis=1)
+            x = jnp.take_along_axis(x, idx[:, :, None], axis=1)
+            positions = jnp.take_along_axis(positions, idx, axis=1)
+            av = jnp.take_along_axis(av, idx, axis=1)
+            q_idx = jnp.sum(idx < q_idx[:, None], axis=1).astype(jnp.int32)
+            real = real_new
+            if in_lm.kind == "adaptive" and cap > lo:
+                seg = real.astype(jnp.int32)
+    final_keep = jnp.zeros((b, len(layout.modality)), bool).at[jnp.arange(b)[:, None], positions].set(real)
+    x = jnp.take_along_axis(x, q_idx[:, None, None], axis=1)
+    h = lm.final_norm(x)
+    if c.tie_embeddings:
+        logits = jnp.einsum("btD,vD->btv", h, lm.embed[...].astype(c.compute_dtype))
+    else:
+        logits = h @ lm.unembed[...].astype(c.compute_dtype)
+    return PrunedOutput(logits[:, 0].astype(jnp.float32), jnp.stack(counts, axis=1).astype(jnp.int32), text_tokens,
+                        final_keep)
+
+
+# ------------------------------------------------------------------ compute model
+
+
+def scoring_flops(config, *, relevance_queries: int = 0, relevance_keys: int = 0, in_lm_keys: int = 0,
+                  relevance: str = "layer0") -> float:
+    """FLOPs of the scoring a method adds (2 per multiply-add; elementwise work not counted).
+
+    Relevance ("layer0"): queries of `relevance_queries` tokens (2 D h d each) and keys of
+    `relevance_keys` tokens (2 D k d each), then 2 h d per (query, key) pair; ("embed"): 2 D per pair.
+    In-LM stage: one query row (2 D h d) against `in_lm_keys` keys (2 h d each; the keys themselves
+    are the layer's own).
+    """
+    D, h, k, d = config.d_model, config.num_heads, config.num_kv_heads, config.resolved_head_dim
+    if relevance == "layer0":
+        rel = 2.0 * D * d * (h * relevance_queries + k * relevance_keys) + 2.0 * h * d * relevance_queries * relevance_keys
+    else:
+        rel = 2.0 * D * relevance_queries * relevance_keys
+    lm_row = (2.0 * D * h * d + 2.0 * h * d * in_lm_keys) if in_lm_keys else 0.0
+    return float(rel + lm_row)
+
+
+def modeled_flops(config, tokens_per_layer, *, overhead: float = 0.0) -> float:
+    """Forward FLOPs of a prefill whose layer l runs `tokens_per_layer[l]` tokens, plus one row's logits.
+
+    From `TransformerConfig.flops_per_token` (which is 3x forward): per token and layer, the weight
+    matmuls cost W = (fpt(0) / 6 - D v) / L * 2 FLOPs and attention over N tokens 4 N h d, so
+    layer l costs N_l (W + 4 N_l h d); the logits of the query row cost 2 D v. `overhead` (FLOPs of
+    the method's scoring) is added.
+
+    Args:
+      config: a `models.transformer.TransformerConfig`.
+      tokens_per_layer: [L] token counts (numbers >= 0).
+      overhead: extra FLOPs (>= 0).
+
+    Raises:
+      ValueError: tokens_per_layer not of length L, negative counts or overhead.
+    """
+    N = np.asarray(tokens_per_layer, np.float64)
+    L = config.num_layers
+    if N.shape != (L,):
+        raise ValueError(f"tokens_per_layer: expected shape ({L},), got {N.shape}")
+    if np.any(N < 0) or overhead < 0:
+        raise ValueError(f"tokens_per_layer, overhead: expected values >= 0, got {N.tolist()}, {overhead}")
+    D, v = config.d_model, config.vocab_size
+    hd = config.num_heads * config.resolved_head_dim
+    w_layer = 2.0 * (config.flops_per_token(0) / 6.0 - D * v) / L
+    return float(np.sum(N * (w_layer + 4.0 * N * hd)) + 2.0 * D * v + overhead)
