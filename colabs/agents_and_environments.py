@@ -24,23 +24,51 @@
 # - EELMA (`algorithms.agents.eelma`): effective empowerment of an agent, exact by enumeration on a
 #   small text environment, and estimated from logs with InfoNCE critics;
 # - MAFE (`algorithms.fairness.mafe`): fair multi-agent environments in JAX, their PettingZoo
-#   adapter, and F-MACEM.
+#   adapter, and F-MACEM;
+# - MCP-Persona (`algorithms.agents.mcp_persona`): personal apps on SQLite behind a real MCP server,
+#   tasks with checkable end states and typed tool errors, scripted agents of graded skill.
 #
 # Each section calls the method on tiny inputs, then reads the experiment's stored quick result.
 # Set RUN_EXPERIMENTS=1 to rerun an experiment's quick preset here (minutes on a CPU).
 
 # %%
-# Setup: on Colab, install the library from its repository (set REPO_URL to your
-# copy). Elsewhere the package is expected to be installed already (`make test`
-# or `pip install -e .`).
+# Setup. On Colab (or any fresh runtime) put a pip source of this library in REPO_URL: its
+# repository's git URL ("https://github.com/OWNER/REPO.git"), a local path or a wheel; or set the
+# ICML26_REPO_URL environment variable. The install pins the jax/jaxlib already installed (Colab's
+# accelerator build): pip keeps them when they satisfy the library's range and fails, saying so,
+# when they do not; it never replaces them. Elsewhere leave it empty (`make install` installs).
 import os
 import sys
 
-REPO_URL = os.environ.get("ICML26_REPO_URL", "")
-if "google.colab" in sys.modules and REPO_URL:
+REPO_URL = ""  # <- paste here, e.g. "https://github.com/OWNER/REPO.git"
+REPO_URL = REPO_URL or os.environ.get("ICML26_REPO_URL", "")
+if REPO_URL:
+    import importlib.metadata
     import subprocess
+    import tempfile
 
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO_URL}"], check=True)
+    pins = []
+    for dist in ("jax", "jaxlib"):
+        try:
+            pins.append(f"{dist}=={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    with tempfile.NamedTemporaryFile("w", suffix="-constraints.txt", delete=False) as f:
+        f.write("".join(pin + "\n" for pin in pins))
+    git = "://" in REPO_URL and not REPO_URL.startswith("git+") and not REPO_URL.endswith((".whl", ".zip", ".gz"))
+    source = "git+" + REPO_URL if git else REPO_URL
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-c", f.name, source],
+                         capture_output=True, text=True)
+    if pip.returncode:
+        raise RuntimeError(f"pip could not install {source} keeping the installed {', '.join(pins) or 'packages'}; "
+                           f"if it names jax, this runtime's jax is outside the library's range (pyproject.toml): "
+                           f"pick another runtime or install a jax in range first.\n{pip.stdout[-2000:]}{pip.stderr[-3000:]}")
+    print("installed", source, "keeping", ", ".join(pins) or "no preinstalled jax")
+elif "google.colab" in sys.modules:
+    import importlib.util
+
+    if importlib.util.find_spec("primitives") is None:
+        raise RuntimeError("Set REPO_URL at the top of this cell to this library's git URL, then run it again.")
 
 # %% tags=["parameters"]
 SMOKE = os.environ.get("SMOKE", "0") == "1"
@@ -120,3 +148,47 @@ parallel_api_test(MAFEParallelEnv(LoanMAFE(num_individuals=100, horizon=4)), num
 
 # %%
 mafe_result = report.show_result("mafe", rerun=RUN_EXPERIMENTS)
+
+# %% [markdown]
+# ## MCP-Persona: personal apps behind a real MCP server
+#
+# Four apps (messaging, social feed, documents, calendar) keep their state in SQLite; a real Model
+# Context Protocol server (the `mcp` SDK) exposes them as tools with JSON schemas, bound to one
+# persona. A task is generated in a copy of the world with checkpoints on the final database state;
+# an injected error (type mismatch, schema violation, boundary, semantic) makes the first natural call
+# fail with a typed tool error. Agents connect as MCP clients (in-memory here; stdio in the tests).
+
+# %%
+import concurrent.futures
+import pathlib
+import tempfile
+
+import anyio
+
+from algorithms.agents.mcp_persona import agents as mcp_agents
+from algorithms.agents.mcp_persona import db as mcp_db
+from algorithms.agents.mcp_persona import harness as mcp_harness
+from algorithms.agents.mcp_persona import tasks as mcp_tasks
+
+tmp = pathlib.Path(tempfile.mkdtemp())
+world = mcp_db.connect(tmp / "world.db")
+people = mcp_tasks.generate_world(world, 0, num_users=16, num_personas=2)
+mcp_db.copy_database(world, tmp / "task.db")
+task_world = mcp_db.connect(tmp / "task.db")
+task = mcp_tasks.generate_task(task_world, people[0], "cal_schedule", "boundary", seed=0)
+print("task:", task.instruction)
+
+
+async def run_agents():
+    return [await mcp_harness.run_episode(task, task_world, mcp_agents.make_agent(skill), tmp / f"{skill}.db")
+            for skill in ("literal", "syntactic", "expert")]
+
+
+with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a notebook already runs an event loop
+    episodes = pool.submit(anyio.run, run_agents).result()
+for e in episodes:
+    calls = ", ".join(f"{c.tool}{'' if c.ok else ' -> ' + c.payload.get('type', 'error')}" for c in e.calls)
+    print(f"{e.agent:9s} checkpoints {sum(e.checkpoints)}/{len(e.checkpoints)} | {calls}")
+
+# %%
+mcp_result = report.show_result("mcp_persona", rerun=RUN_EXPERIMENTS)

@@ -29,17 +29,43 @@
 # Everything runs on scikit-learn's bundled digits (nothing downloads). Set SMOKE=1 for a fast run.
 
 # %%
-# Setup: on Colab, install the library from its repository (set REPO_URL to your
-# copy). Elsewhere the package is expected to be installed already (`make test`
-# or `pip install -e .`).
+# Setup. On Colab (or any fresh runtime) put a pip source of this library in REPO_URL: its
+# repository's git URL ("https://github.com/OWNER/REPO.git"), a local path or a wheel; or set the
+# ICML26_REPO_URL environment variable. The install pins the jax/jaxlib already installed (Colab's
+# accelerator build): pip keeps them when they satisfy the library's range and fails, saying so,
+# when they do not; it never replaces them. Elsewhere leave it empty (`make install` installs).
 import os
 import sys
 
-REPO_URL = os.environ.get("ICML26_REPO_URL", "")
-if "google.colab" in sys.modules and REPO_URL:
+REPO_URL = ""  # <- paste here, e.g. "https://github.com/OWNER/REPO.git"
+REPO_URL = REPO_URL or os.environ.get("ICML26_REPO_URL", "")
+if REPO_URL:
+    import importlib.metadata
     import subprocess
+    import tempfile
 
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO_URL}"], check=True)
+    pins = []
+    for dist in ("jax", "jaxlib"):
+        try:
+            pins.append(f"{dist}=={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    with tempfile.NamedTemporaryFile("w", suffix="-constraints.txt", delete=False) as f:
+        f.write("".join(pin + "\n" for pin in pins))
+    git = "://" in REPO_URL and not REPO_URL.startswith("git+") and not REPO_URL.endswith((".whl", ".zip", ".gz"))
+    source = "git+" + REPO_URL if git else REPO_URL
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-c", f.name, source],
+                         capture_output=True, text=True)
+    if pip.returncode:
+        raise RuntimeError(f"pip could not install {source} keeping the installed {', '.join(pins) or 'packages'}; "
+                           f"if it names jax, this runtime's jax is outside the library's range (pyproject.toml): "
+                           f"pick another runtime or install a jax in range first.\n{pip.stdout[-2000:]}{pip.stderr[-3000:]}")
+    print("installed", source, "keeping", ", ".join(pins) or "no preinstalled jax")
+elif "google.colab" in sys.modules:
+    import importlib.util
+
+    if importlib.util.find_spec("primitives") is None:
+        raise RuntimeError("Set REPO_URL at the top of this cell to this library's git URL, then run it again.")
 
 # %% tags=["parameters"]
 # Parameters. SMOKE=1 (set by the tests) shrinks everything to seconds.
