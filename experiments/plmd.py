@@ -21,7 +21,7 @@ Setup (CPU scale, nothing downloaded; spec (d), [INFER]):
   4. Metrics on the unknown cells of each test map: obstacle IoU (predicted vs true walls), semantic mIoU
      (mean over the labels present in the prediction or the truth), wall-violation rate (predicted object
      cells lying on true wall cells, pooled over maps).
-  5. Navigation (`algorithms.vision.plmd_nav`, spec (d) "toy navigation"): on each test map the agent
+  5. Navigation (`experiments.tasks.floorplan_nav`, spec (d) "toy navigation"): on each test map the agent
      starts at the end of the map's random walk with its known mask, and searches for a goal category
      not yet seen (maps where every category is already seen are left out); it observes by ray casting
      as it moves and consults, every ``nav_consult_every`` steps, nothing (``frontier``: frontier
@@ -64,7 +64,7 @@ import numpy as np
 from etils import epath
 
 from algorithms.vision import plmd as plmd_lib
-from algorithms.vision import plmd_nav
+from experiments.tasks import floorplan_nav as plmd_nav
 from experiments import _plotting as plotting
 from experiments import registry, report
 from experiments.checks import Check, verdict

@@ -294,7 +294,7 @@ def init_state(params: Any, optimizer: optax.GradientTransformation) -> TrainSta
 
 
 @dataclasses.dataclass(frozen=True)
-class _UpdateSettings:
+class UpdateSettings:
     """The static (compile-time) part of GRPOConfig for the update."""
 
     temperature: float
@@ -306,12 +306,12 @@ class _UpdateSettings:
     num_minibatches: int
 
     @classmethod
-    def of(cls, c: GRPOConfig) -> "_UpdateSettings":
+    def of(cls, c: GRPOConfig) -> "UpdateSettings":
         return cls(c.temperature, c.pad_id, c.clip_eps, c.clip_eps_high, c.reduction, c.num_inner_steps,
                    c.num_minibatches)
 
 
-def _loss(params, graphdef, mb, kl_coef, entropy_coef, s: _UpdateSettings):
+def _loss(params, graphdef, mb, kl_coef, entropy_coef, s: UpdateSettings):
     logp, ent = policy_logprobs(graphdef, params, mb["prompt_tokens"], mb["prompt_lengths"], mb["completions"],
                                 temperature=s.temperature, pad_id=s.pad_id, with_entropy=True)
     mask = mb["mask"]
@@ -392,7 +392,7 @@ def update(state: TrainState, rollout: Rollout, advantages: jax.Array, *, graphd
     else:
         batch["ref_logp"] = rollout.old_logp
     return _update(state, batch, jnp.float32(config.kl_coef), jnp.float32(config.entropy_coef),
-                   graphdef=graphdef, optimizer=optimizer, settings=_UpdateSettings.of(config))
+                   graphdef=graphdef, optimizer=optimizer, settings=UpdateSettings.of(config))
 
 
 def _ref_logprobs(graphdef, ref_params, rollout: Rollout, config: GRPOConfig) -> jax.Array:

@@ -493,25 +493,7 @@ def sample_vlm_rollout(graphdef: nnx.GraphDef, params: Any, prompts: VLMPromptBa
     return VLMRollout(r, jnp.asarray(rep(images), jnp.float32))
 
 
-@dataclasses.dataclass(frozen=True)
-class _Settings:
-    """The compile-time part of a GRPOConfig for the update (kl / entropy coefficients are traced)."""
-
-    temperature: float
-    pad_id: int
-    clip_eps: float
-    clip_eps_high: float | None
-    reduction: str
-    num_inner_steps: int
-    num_minibatches: int
-
-    @classmethod
-    def of(cls, c: grpo.GRPOConfig) -> "_Settings":
-        return cls(c.temperature, c.pad_id, c.clip_eps, c.clip_eps_high, c.reduction, c.num_inner_steps,
-                   c.num_minibatches)
-
-
-def _loss(params, graphdef, mb, kl_coef, entropy_coef, config: _Settings):
+def _loss(params, graphdef, mb, kl_coef, entropy_coef, config: grpo.UpdateSettings):
     logp, ent = vlm_logprobs(graphdef, params, mb["prompt_tokens"], mb["prompt_lengths"], mb["images"],
                              mb["completions"], temperature=config.temperature, pad_id=config.pad_id,
                              with_entropy=True)
@@ -589,7 +571,7 @@ def vlm_update(state: TrainState, rollout: VLMRollout, advantages: jax.Array, *,
         batch["ref_logp"] = r.old_logp
     mask = vision_mask(state.params, train_vision=train_vision)
     return _update(state, batch, jnp.float32(config.kl_coef), jnp.float32(config.entropy_coef), mask,
-                   graphdef=graphdef, optimizer=optimizer, config=_Settings.of(config))
+                   graphdef=graphdef, optimizer=optimizer, config=grpo.UpdateSettings.of(config))
 
 
 # --- the staged driver ------------------------------------------------------------------------------

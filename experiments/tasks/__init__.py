@@ -24,7 +24,8 @@
   * `calculus_work` (AI grading), `question_world` (CAMP), `safety_traces` (SafeThink),
     `style_corpus` (Style Modulation Heads), `text_envs` (EELMA: text gridworld and tool shop, graded
     agents), `light_fields` (E2I-VRWKV: layered scenes rendered to sub-aperture views), `floorplans`
-    (PLMD: rooms, doors, objects, ray-cast observations), `multiturn_users` (ROSA2: simulated users),
+    (PLMD: rooms, doors, objects, ray-cast observations), `floorplan_nav` (PLMD's goal-search agent on
+    those maps: A*, frontier exploration, completion-guided goals, success and SPL), `multiturn_users` (ROSA2: simulated users),
     `scenes` (images, audio-like signals and exact-answer questions for the small VLM): import the
     modules.
 

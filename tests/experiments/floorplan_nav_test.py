@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from algorithms.vision import plmd_nav as nav
+from experiments.tasks import floorplan_nav as nav
 from experiments.tasks import floorplans as fp
 
 
