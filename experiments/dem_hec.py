@@ -662,7 +662,7 @@ EXPERIMENT = registry.Experiment(
     slug="dem_hec",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(cnn_channels=(4, 8), cnn_hidden_dim=8, vit_d_model=8, vit_num_heads=2, vit_d_ff=16,
+        "smoke": lambda: Config(archs=("cnn",), cnn_channels=(4, 8), cnn_hidden_dim=8, vit_d_model=8, vit_num_heads=2, vit_d_ff=16,
                                 vit_num_layers=1, cnn_train_steps=20, vit_train_steps=20, finetune_steps=3,
                                 seeds=(0, 1), ablation_archs=(), dem_hec=dh.DemHECConfig(steps=1),
                                 seen=("contrast", "defocus_blur"), held_out=("gaussian_blur",), severities=(3,),
