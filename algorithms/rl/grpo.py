@@ -311,9 +311,13 @@ class UpdateSettings:
                    c.num_minibatches)
 
 
-def _loss(params, graphdef, mb, kl_coef, entropy_coef, s: UpdateSettings):
-    logp, ent = policy_logprobs(graphdef, params, mb["prompt_tokens"], mb["prompt_lengths"], mb["completions"],
-                                temperature=s.temperature, pad_id=s.pad_id, with_entropy=True)
+def objective(logp, ent, mb, kl_coef, entropy_coef, s: UpdateSettings):
+    """GRPO's loss on a minibatch from the policy's token log-probs `logp` and entropies `ent` [b, N].
+
+    `clipped_surrogate` - entropy_coef x entropy + kl_coef x k3 KL to `mb["ref_logp"]`, all `masked_mean`
+    over `mb["mask"]`. Returns (loss, metrics). Shared by every policy whose log-probs come another way
+    (e.g. `algorithms.rl.staged_perception`'s VLM with images).
+    """
     mask = mb["mask"]
     surrogate, metrics = policy_losses.clipped_surrogate(logp, mb["old_logp"], mb["advantages"], mask,
                                                          clip_eps=s.clip_eps, clip_eps_high=s.clip_eps_high,
@@ -328,6 +332,12 @@ def _loss(params, graphdef, mb, kl_coef, entropy_coef, s: UpdateSettings):
     metrics["kl_ref"] = kl
     metrics["loss"] = loss
     return loss, metrics
+
+
+def _loss(params, graphdef, mb, kl_coef, entropy_coef, s: UpdateSettings):
+    logp, ent = policy_logprobs(graphdef, params, mb["prompt_tokens"], mb["prompt_lengths"], mb["completions"],
+                                temperature=s.temperature, pad_id=s.pad_id, with_entropy=True)
+    return objective(logp, ent, mb, kl_coef, entropy_coef, s)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "settings"), donate_argnums=(0,))

@@ -497,14 +497,7 @@ def _loss(params, graphdef, mb, kl_coef, entropy_coef, config: grpo.UpdateSettin
     logp, ent = vlm_logprobs(graphdef, params, mb["prompt_tokens"], mb["prompt_lengths"], mb["images"],
                              mb["completions"], temperature=config.temperature, pad_id=config.pad_id,
                              with_entropy=True)
-    mask = mb["mask"]
-    surrogate, metrics = policy_losses.clipped_surrogate(
-        logp, mb["old_logp"], mb["advantages"], mask, clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high,
-        reduction=config.reduction)
-    entropy = policy_losses.masked_mean(ent, mask, reduction=config.reduction)
-    kl = policy_losses.masked_mean(policy_losses.k3_kl(logp, mb["ref_logp"]), mask, reduction=config.reduction)
-    loss = surrogate - entropy_coef * entropy + kl_coef * kl
-    return loss, dict(metrics, surrogate=surrogate, entropy=entropy, kl_ref=kl, loss=loss)
+    return grpo.objective(logp, ent, mb, kl_coef, entropy_coef, config)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "config"), donate_argnums=(0,))
