@@ -9,6 +9,8 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 # A comma list of slugs for `make reproduce PAPERS=vegas,ffd`; default all implemented.
 PAPERS ?= all
 PRESET ?= quick
+# Experiments run at once by `make reproduce`, each in its own process (most keep about one core busy).
+JOBS ?= 2
 # pytest-xdist workers: one per core.
 WORKERS ?= auto
 
@@ -27,7 +29,7 @@ test: $(VENV)/.installed
 
 # The quick preset updates the tracked results/REPORT.md; other presets write results/REPORT-<preset>.md.
 reproduce: $(VENV)/.installed
-	$(PY) -m experiments run $(PAPERS) --preset $(PRESET)
+	$(PY) -m experiments run $(PAPERS) --preset $(PRESET) --jobs $(JOBS)
 
 clean-venv:
 	rm -rf $(VENV)

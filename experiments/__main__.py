@@ -3,7 +3,7 @@
     python -m experiments list                          # all papers + foundation, with status
     python -m experiments run lm_arithmetic --preset quick
     python -m experiments run lm_arithmetic --preset smoke --num-steps 50   # field overrides
-    python -m experiments run all --preset quick        # what `make reproduce` calls
+    python -m experiments run all --preset quick --jobs 2   # what `make reproduce` calls
     python -m experiments run vegas,ffd --preset quick  # a subset
     python -m experiments report                        # rebuild results/REPORT.md (quick results)
     python -m experiments run lm_arithmetic --help      # the run options and the config's fields
@@ -20,6 +20,12 @@ runs) updates the tracked results/REPORT.md; other presets write
 only their own summary.md. Every result carries the JAX device count
 (`make reproduce` simulates 8 CPU devices, a plain run has 1).
 
+`--jobs N` runs up to N experiments at once, each in its own process (most
+quick presets keep about one core busy, so two jobs on two cores roughly halve
+`make reproduce`); the longest runs (by their last stored wall time) start
+first, each run's output goes to <run dir>/run.log, and the report is written
+once at the end. A run's own `wall_s` is then measured beside another run.
+
 Unknown slugs, presets and fields, and values no run can use (a step or batch
 count < 1, a NaN or non-positive learning rate), fail with exit code 2 and a
 message that names them.
@@ -28,10 +34,14 @@ message that names them.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
+import json
 import os
 import re
+import subprocess
 import sys
+import time
 
 from experiments import catalog, registry
 
@@ -175,11 +185,15 @@ def cmd_run(args, overrides: list[str]) -> int:
     if overrides[:1] == ["--"]:
         overrides = overrides[1:]
     slugs = _parse_slugs(args.slug)
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be a whole number >= 1 (runs at once); got {args.jobs}")
     if overrides and len(slugs) != 1:
         raise SystemExit(f"config overrides {overrides} need exactly one slug; got {slugs}")
     # Build and check every config before the first run starts.
     configs = {slug: _config(registry.get(slug), args.preset, overrides, prog=f"python -m experiments run {slug}")
                for slug in slugs}
+    if args.jobs > 1 and len(slugs) > 1 and not overrides and args.workdir is None:
+        return _run_parallel(args, slugs)
     summaries = []
     for slug in slugs:
         cfg = configs[slug]
@@ -191,12 +205,68 @@ def cmd_run(args, overrides: list[str]) -> int:
         devices = result.get("devices", "?")
         print(f"    {mark}: {result['verdict']}  ({result['wall_s']} s on {devices} device(s))", flush=True)
         summaries.append(f"{workdir}/summary.md")
-    if overrides or args.workdir is not None:
+    if overrides or args.workdir is not None or args.no_report:
         # A run with overrides or its own workdir is not a preset's result: it keeps its own summary.md only.
         print(f"summary: {', '.join(summaries)}")
         return 0
     path = report.write_report(args.results_dir, preset=args.preset)
     print(f"report: {path}")
+    return 0
+
+
+def _last_wall_s(results_dir: str, slug: str, preset: str) -> float:
+    """The wall time stored by the slug's last run at this preset (0 when there is none): the scheduling order."""
+    try:
+        with open(os.path.join(results_dir, slug, preset, "result.json")) as f:
+            return float(json.load(f).get("wall_s", 0.0))
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _run_parallel(args, slugs: list[str]) -> int:
+    """`run --jobs N`: one child process per slug, at most N at once, longest last-known run first; then the report.
+
+    Each child is `python -m experiments run <slug> --preset P --results-dir R --no-report` with its output in
+    <run dir>/run.log. Returns 1 when any run failed (the others still finish), after naming the failures.
+    """
+    from experiments import report
+
+    order = sorted(slugs, key=lambda s: -_last_wall_s(args.results_dir, s, args.preset))
+    start = time.perf_counter()
+
+    def child(slug: str) -> tuple[str, int, str]:
+        workdir = report.default_workdir(slug, args.preset, results_dir=args.results_dir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        log = workdir / "run.log"
+        cmd = [sys.executable, "-m", "experiments", "run", slug, "--preset", args.preset,
+               "--results-dir", str(args.results_dir), "--no-report"]
+        with open(log, "w") as out:
+            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+        return slug, rc, str(log)
+
+    print(f"==> {len(order)} experiments [{args.preset}], {args.jobs} at a time; output in <run dir>/run.log",
+          flush=True)
+    failed = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for slug, rc, log in pool.map(child, order):
+            if rc != 0:
+                failed.append(slug)
+                print(f"    {slug}: FAILED (exit {rc}); see {log}", flush=True)
+                continue
+            with open(os.path.join(args.results_dir, slug, args.preset, "result.json")) as f:
+                result = json.load(f)
+            mark = {True: "reproduced", False: "NOT reproduced", None: "no verdict"}[result["reproduced"]]
+            print(f"    {slug}: {mark} ({result['wall_s']} s)", flush=True)
+    elapsed = time.perf_counter() - start
+    print(f"{len(order) - len(failed)} of {len(order)} runs finished in {elapsed / 60:.1f} min "
+          f"with --jobs {args.jobs}", flush=True)
+    path = report.write_report(args.results_dir, preset=args.preset,
+                               elapsed={"seconds": round(elapsed, 1), "jobs": args.jobs, "runs": len(order)}
+                               if not failed else None)
+    print(f"report: {path}")
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -228,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--results-dir", default="results",
                        help="where runs and reports go (default results; the quick preset updates "
                             "<results-dir>/REPORT.md, other presets <results-dir>/REPORT-<preset>.md)")
+    p_run.add_argument("--jobs", type=int, default=1,
+                       help="run up to this many experiments at once, each in its own process (default 1)")
+    p_run.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)
     p_run.add_argument("--workdir", default=None,
                        help="override the run directory (default <results-dir>/<slug>/<preset>, or "
                             "<preset>-<hash> with overrides); such a run writes no REPORT file")

@@ -279,8 +279,12 @@ def report_path(results_dir: str | os.PathLike = "results", preset: str = "quick
     return epath.Path(results_dir) / name
 
 
-def write_report(results_dir: str | os.PathLike = "results", *, preset: str = "quick") -> epath.Path:
+def write_report(results_dir: str | os.PathLike = "results", *, preset: str = "quick",
+                 elapsed: dict | None = None) -> epath.Path:
     """Writes the report of one preset (see :func:`report_path`) from its result.json files in results_dir.
+
+    `elapsed` ({"seconds", "jobs", "runs"}), given by `run --jobs`, is the wall time of a whole multi-run
+    command; it is kept in <results_dir>/<preset>-elapsed.json and shown by later reports until the next one.
 
     Raises:
       ValueError: results_dir is not an existing directory, preset is unknown, or no result of the
@@ -316,8 +320,17 @@ def write_report(results_dir: str | os.PathLike = "results", *, preset: str = "q
         lines.append(f"| [{r['slug']}](#{r['slug']}-{r['preset']}) | {r['preset']} | {paper} | {ours} | {mark} | "
                      f"{r['wall_s']} | {_devices(r)} |")
     total = sum(float(r["wall_s"]) for r in results)
-    lines += ["", f"Total wall time of these {len(results)} runs: {total / 60:.1f} min "
-                  f"(each run's own time in the `wall s` column; runs made on a shared machine take longer).", ""]
+    lines += ["", f"Sum of the wall times of these {len(results)} runs: {total / 60:.1f} min "
+                  f"(each run's own time in the `wall s` column; runs made on a shared machine, or beside "
+                  f"another run under `--jobs`, take longer)."]
+    elapsed_path = results_dir / f"{preset}-elapsed.json"
+    if elapsed is not None:
+        elapsed_path.write_text(json.dumps(elapsed) + "\n")
+    if elapsed_path.exists():
+        e = json.loads(elapsed_path.read_text())
+        lines.append(f"Last multi-run command: {e['runs']} runs in {e['seconds'] / 60:.1f} min of wall time "
+                     f"with `--jobs {e['jobs']}`.")
+    lines.append("")
     for r in results:
         lines.append(_summary_md(r, plot_prefix=f"{r['slug']}/{r['preset']}/"))
     path = report_path(results_dir, preset)

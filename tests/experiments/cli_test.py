@@ -101,7 +101,8 @@ def test_ad_hoc_run_writes_no_report_file(tmp_path, capsys):
 @pytest.mark.parametrize("path", ["results/REPORT-smoke.md", f"results/{SLUG}/smoke/result.json",
                                   f"results/{SLUG}/smoke-0123abcd/result.json",
                                   f"results/{SLUG}/quick-0123abcd/summary.md",
-                                  f"results/{SLUG}/quick/ckpt/6/x"])
+                                  f"results/{SLUG}/quick/ckpt/6/x", f"results/{SLUG}/quick/run.log",
+                                  "results/smoke-elapsed.json"])
 def test_what_smoke_and_ad_hoc_runs_write_in_results_is_git_ignored(path):
     # `git status` stays clean after a smoke or override run in the default results/ directory.
     ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT, check=False)
@@ -112,6 +113,26 @@ def test_what_smoke_and_ad_hoc_runs_write_in_results_is_git_ignored(path):
 def test_the_quick_report_stays_tracked():
     ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", "results/REPORT.md"], cwd=ROOT, check=False)
     assert ignored.returncode == 1
+
+
+def test_parallel_runs_write_every_result_and_one_report(tmp_path, capsys):
+    # `run a,b --jobs 2`: each slug in its own process, its output in run.log, the report once with the elapsed line.
+    slugs = [SLUG, "calculus_grading"]
+    assert cli.main(["run", ",".join(slugs), "--preset", "smoke", "--jobs", "2", "--results-dir", str(tmp_path)]) == 0
+    for slug in slugs:
+        result = json.loads((tmp_path / slug / "smoke" / "result.json").read_text())
+        assert result["slug"] == slug and result["preset"] == "smoke"
+        assert (tmp_path / slug / "smoke" / "run.log").read_text()
+    report_md = (tmp_path / "REPORT-smoke.md").read_text()
+    assert all(f"[{slug}]" in report_md for slug in slugs)
+    assert "Last multi-run command: 2 runs in" in report_md and "`--jobs 2`" in report_md
+    assert "2 of 2 runs finished" in capsys.readouterr().out
+
+
+def test_jobs_below_one_fails_naming_the_flag(tmp_path, capsys):
+    assert cli.main(["run", SLUG, "--preset", "smoke", "--jobs", "0", "--results-dir", str(tmp_path)]) == 2
+    assert "--jobs must be a whole number >= 1" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 # ---------------------------------------------------------------- 3. report on a missing directory
