@@ -46,6 +46,7 @@ Recipe:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pathlib
 import time
@@ -213,10 +214,22 @@ def _accuracy(logits: jax.Array, answers: np.ndarray) -> np.ndarray:
     return np.asarray(jnp.argmax(logits[:, -1], -1)) == answers
 
 
+@functools.partial(jax.jit, static_argnums=(0,))
+def _last_logits(graphdef, state, tokens, params):
+    """The last position's logits [b, 1, v], one compiled forward per shape (eager would compile every op)."""
+    return hi.forward(nnx.merge(graphdef, state), tokens, params).logits[:, -1:]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _anchors(graphdef, state, prompts, num_query_tokens):
+    return hi.teacher_hidden_states(nnx.merge(graphdef, state), prompts, num_query_tokens)
+
+
 def _predict(model, tokens, params=None, chunk=512):
+    graphdef, state = nnx.split(model)
     out = []
     for i in range(0, len(tokens), chunk):
-        out.append(np.asarray(hi.forward(model, jnp.asarray(tokens[i:i + chunk]), params).logits[:, -1:]))
+        out.append(np.asarray(_last_logits(graphdef, state, jnp.asarray(tokens[i:i + chunk]), params)))
     return np.concatenate(out)
 
 
@@ -226,8 +239,8 @@ def _teacher_data(model, c: Config, n: int, seed: int):
     target = np.full(n, c.target_group)
     prompts, answers, _ = build_prompts(rng, n, c.num_demos, c, target)
     student = np.concatenate([np.full((n, 1), BOS, np.int32), prompts[:, -c.query_len:]], 1)
-    anchors = np.concatenate([np.asarray(hi.teacher_hidden_states(model, jnp.asarray(prompts[i:i + 512]),
-                                                                  c.query_len))
+    graphdef, state = nnx.split(model)
+    anchors = np.concatenate([np.asarray(_anchors(graphdef, state, jnp.asarray(prompts[i:i + 512]), c.query_len))
                               for i in range(0, n, 512)], axis=1)
     return student, answers, prompts, anchors
 
