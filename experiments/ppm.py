@@ -14,22 +14,29 @@ Time-Series-Library loaders do); windows L -> H, all metrics on that standardize
 
 Models, each trained on the same windows with the same Adam "type1" schedule and early stopping:
 PPM (hybrid loss, tau KDE-NLL + MSE), a Gaussian-head MLP (NLL), a quantile-regression MLP (pinball), a
-point MLP with validation-residual bootstrap, and seasonal naive (period 24) with residual bootstrap.
-Left out: the diffusion / flow baselines of the paper (TimeGrad, CSDI, TMDM, NsDiff ...), too slow to
-train at CPU scale.
+point MLP with validation-residual bootstrap, seasonal naive (period 24) with residual bootstrap, and a
+conditional DDPM (`primitives.ddpm`, an MLP noise predictor of PPM's size conditioned on the window,
+CSDI's T = 50 quadratic schedule, T ancestral steps per forecast): the deep-generative class the paper
+compares with (TimeGrad, CSDI, TMDM, NsDiff are DDPMs with larger denoisers; not built here).
 
 Reported per dataset and model: CRPS, QICE, MSE, MAE, 50% / 90% interval coverage, PIT calibration
 error, parameter count, training wall time and inference time per window (same process).
 
-Claims checked (spec section 10(d)): (1) PPM's CRPS is at most the Gaussian head's on the bimodal
-variant; (2) PPM's QICE is lower than the point MLP + bootstrap's on every variant. Reproduced = (1)
-and (2). Also reported: which model has the lowest CRPS, and a "PPM + kernel noise" row, PPM's samples
-plus the loss's N(0, h^2) kernel noise, i.e. draws from the density the KDE-NLL actually fits (the
-released code scores raw samples, which the KDE objective leaves narrower than the target by h).
+Claims checked. The paper's (abstract): deep generative models "struggle ... without extensive data and
+computation", PPM "yields precise forecasts with well-calibrated uncertainty estimates" and "outperforms
+existing baselines ..., offering a superior trade-off between accuracy and computational efficiency".
+Required, against the conditional DDPM on every variant: (3) PPM's CRPS <= the DDPM's; (4) PPM's QICE
+<= the DDPM's; (5) the DDPM costs >= 10x PPM's inference time per window (threshold ours: one pass vs
+T = 50). Reported but not deciding (issue 33: they are the spec's CPU-plan targets, section 10(d),
+not the paper's statements): (1) PPM's CRPS <= the Gaussian head's on the bimodal variant; (2) PPM's
+QICE < the point MLP + bootstrap's on every variant. Also reported: the lowest-CRPS model, a "PPM +
+kernel noise" row (PPM's samples plus the loss's N(0, h^2) kernel noise, i.e. draws from the density
+the KDE-NLL fits; the released code scores raw samples), and a sweep of PPM's training samples K and
+KDE bandwidth h (the released K = 100, h = 0.3 is the main row in `quick` and `paper`) with coverage.
 
 Recipe:
     python -m experiments run ppm --preset smoke     # seconds, used by the tests
-    python -m experiments run ppm --preset quick     # about 1.5 CPU minutes (d_model 32, <= 800 steps per model)
+    python -m experiments run ppm --preset quick     # about 3 CPU minutes (d_model 32, <= 800 steps per model)
     python -m experiments run ppm --preset paper     # the released sizes (d_model 256, H 192, K 100)
 """
 
@@ -52,11 +59,14 @@ from experiments import registry, report
 from experiments.checks import Check
 from experiments.checks import verdict as verdict_from_checks
 from models import ppm as M
+from primitives import ddpm
 from primitives import probabilistic_metrics as pm
 
 NOISES = ("gaussian", "bimodal")
-MODELS = ("PPM", "Gaussian MLP", "Quantile MLP", "MLP + bootstrap", "Seasonal naive + bootstrap")
-REQUIRED = ("PPM", "Gaussian MLP", "MLP + bootstrap")  # the claims compare these
+DDPM = "Conditional DDPM"
+MODELS = ("PPM", "Gaussian MLP", "Quantile MLP", "MLP + bootstrap", "Seasonal naive + bootstrap", DDPM)
+REQUIRED = ("PPM", "Gaussian MLP", "MLP + bootstrap", DDPM)  # the claims compare these
+SPEEDUP_THRESHOLD = 10.0  # check (5): DDPM / PPM inference time per window
 KDE_ROW = "PPM + kernel noise"
 
 
@@ -83,6 +93,16 @@ class Config:
     train_samples: int = 16
     test_samples: int = 100
     beta_kl: float = 0.0
+    # PPM retrained with other (training samples K, KDE bandwidth h) pairs on `sweep_noises`, reported.
+    sweep: tuple[tuple[int, float], ...] = ()
+    sweep_noises: tuple[str, ...] = ("bimodal",)
+    # Conditional DDPM baseline: its noise-prediction loss is noisier than the others' and needs more steps
+    # (quick scale: CRPS 0.59 after the shared 630 steps at lr 1e-3, 0.27 after 1890 at 3e-3), so it
+    # gets its own learning rate and epoch count; everything else is shared.
+    diffusion_steps: int = 50
+    ddpm_learning_rate: float = 3e-3
+    ddpm_epochs: int = 30
+    ddpm_lr_decay: float = 0.9
     # Optimization.
     learning_rate: float = 1e-3
     lr_decay: float = 0.8
@@ -175,8 +195,9 @@ def _run_dataset(c: Config, noise: str, key: jax.Array):
     K, nte = c.test_samples, xte.shape[0]
     samples, cost = {}, {}
 
-    def fit(name, model, loss):
-        r = F.train(model, loss, (xtr, ytr), (xva, yva), key=jax.random.fold_in(kt, MODELS.index(name)), config=tcfg)
+    def fit(name, model, loss, config=tcfg):
+        r = F.train(model, loss, (xtr, ytr), (xva, yva), key=jax.random.fold_in(kt, MODELS.index(name)),
+                    config=config)
         cost[name] = {"params": r.num_params, "train_s": r.wall_s, "steps": r.steps, "best_epoch": r.best_epoch,
                       "val_curve": [h["val_loss"] for h in r.history]}
         return r.model
@@ -206,6 +227,13 @@ def _run_dataset(c: Config, noise: str, key: jax.Array):
     resid = yva - np.asarray(F.predict(pmod, xva))
     samples["MLP + bootstrap"] = F.bootstrap_samples(jax.random.fold_in(ks, 3), point, resid, num_samples=K)
 
+    if DDPM in c.models:
+        sch = ddpm.ddpm_schedule(num_steps=c.diffusion_steps)
+        dm = fit(DDPM, M.DiffusionMLP(mcfg, rngs=nnx.Rngs(c.seed)), F.make_ddpm_loss(sch),
+                 dataclasses.replace(tcfg, learning_rate=c.ddpm_learning_rate, epochs=c.ddpm_epochs,
+                                     lr_decay=c.ddpm_lr_decay, patience=0))
+        samples[DDPM] = timed(DDPM, lambda: F.sample_ddpm(dm, xte, jax.random.fold_in(ks, 6), sch, num_samples=K))
+
     if "Seasonal naive + bootstrap" in c.models:
         sn_val = F.seasonal_naive(xva, period=24, pred_len=c.pred_len)
         cost["Seasonal naive + bootstrap"] = {"params": 0, "train_s": 0.0, "steps": 0}
@@ -218,24 +246,34 @@ def _run_dataset(c: Config, noise: str, key: jax.Array):
         res[name].update({k: v for k, v in cost[name].items() if not k.endswith("curve")})
         pits[name] = pit.ravel()
     res["Gaussian MLP"]["crps_closed_form"] = gauss_closed_crps
+    sweep = {f"K={c.train_samples}, h={c.bandwidth:g}": {m: res["PPM"][m] for m in ("crps", "qice", "coverage_0.9")}}
+    for k_train, h in (c.sweep if noise in c.sweep_noises else ()):
+        if (k_train, h) != (c.train_samples, c.bandwidth):
+            lc = dataclasses.replace(lcfg, num_samples=int(k_train), bandwidth=float(h))
+            r = F.train(M.PPM(mcfg, rngs=nnx.Rngs(c.seed)), F.make_ppm_loss(lc), (xtr, ytr), (xva, yva),
+                        key=jax.random.fold_in(kt, 0), config=tcfg)
+            sc = F.evaluate(F.sample_ppm(r.model, xte, jax.random.fold_in(ks, 0), num_samples=K), yte,
+                            key=jax.random.fold_in(ks, 99))
+            sweep[f"K={k_train}, h={h:g}"] = {m: sc[m] for m in ("crps", "qice", "coverage_0.9")}
+    if len(sweep) == 1:
+        sweep = {}
     extra = {"series": series, "xte": xte[:1], "yte": yte[:1], "samples": {k: np.asarray(v[:1]) for k, v in samples.items()},
              "curves": {k: v.get("val_curve") for k, v in cost.items()}, "pit": pits,
-             "windows": (xtr.shape[0], xva.shape[0], nte)}
+             "windows": (xtr.shape[0], xva.shape[0], nte), "sweep": sweep}
     return res, extra
 
 
 def headline(metrics: Mapping[str, Any]) -> str:
     """Our small-scale result in one table cell (the README catalog's "ours" column), from the quick result's metrics."""
     per = metrics["per_dataset"]
-    noises = sorted(per, key=lambda n: n != "bimodal")  # the bimodal variant first, as the claim reads
-    out = []
-    if "bimodal" in per:
-        b = per["bimodal"]
-        out.append(f"CRPS PPM {b['PPM']['crps']:.3f} vs Gaussian {b['Gaussian MLP']['crps']:.3f} (bimodal)")
-    out.append("QICE PPM " + "/".join(f"{100 * per[n]['PPM']['qice']:.1f}" for n in noises) + "% vs bootstrap "
-               + "/".join(f"{100 * per[n]['MLP + bootstrap']['qice']:.1f}" for n in noises) + "% ("
-               + "/".join(noises) + ")")
-    out.append("90% coverage PPM " + "/".join(f"{per[n]['PPM']['coverage_0.9']:.2f}" for n in noises))
+    noises = sorted(per, key=lambda n: n != "bimodal")  # the bimodal variant first
+    tag = "/".join(noises)
+    crps = "/".join(f"{per[n]['PPM']['crps']:.3f}" for n in noises)
+    out = [f"CRPS PPM {crps} vs DDPM " + "/".join(f"{per[n][DDPM]['crps']:.3f}" for n in noises) + f" ({tag})",
+           "QICE PPM " + "/".join(f"{100 * per[n]['PPM']['qice']:.1f}" for n in noises) + "% vs DDPM "
+           + "/".join(f"{100 * per[n][DDPM]['qice']:.1f}" for n in noises) + "%",
+           f"DDPM {metrics['ddpm_over_ppm_infer_time']:.0f}x slower per window",
+           "90% coverage PPM " + "/".join(f"{per[n]['PPM']['coverage_0.9']:.2f}" for n in noises)]
     return "synthetic series: " + "; ".join(out)
 
 
@@ -274,61 +312,80 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                          f"{p0[m]['infer_ms_per_window']:.3f} ms per window" for m in rows if m != KDE_ROW)
 
     checks = []
+    spec_note = "the spec's CPU-plan target (10(d), inferred), not the paper's statement; reported only"
     if claim1 is not None:
         checks.append(Check("(1) PPM CRPS on the bimodal variant", crps("bimodal", "PPM"),
                             paper="PPM's density head beats a Gaussian head when the noise is multimodal",
-                            threshold=f"<= Gaussian MLP {crps('bimodal', 'Gaussian MLP'):.4f}", passed=claim1))
+                            threshold=f"<= Gaussian MLP {crps('bimodal', 'Gaussian MLP'):.4f}", passed=claim1,
+                            note=spec_note, required=False))
     for n in per:
         checks.append(Check(f"(2) PPM QICE on the {n} variant", per[n]["PPM"]["qice"],
                             paper="QICE 1.475% (ETTh1, H=192), calibrated quantiles",
                             threshold=f"< MLP + bootstrap {per[n]['MLP + bootstrap']['qice']:.4f}",
-                            passed=per[n]["PPM"]["qice"] < per[n]["MLP + bootstrap"]["qice"]))
-    claim = "PPM CRPS <= Gaussian head on bimodal noise and PPM QICE < MLP + bootstrap on all variants"
+                            passed=per[n]["PPM"]["qice"] < per[n]["MLP + bootstrap"]["qice"],
+                            note=spec_note, required=False))
+    for n in per:
+        checks.append(Check(f"(3) PPM CRPS vs the conditional DDPM, {n} variant", crps(n, "PPM"),
+                            paper="outperforms existing (deep generative) baselines (abstract); ETTh1 CRPS 0.3369",
+                            threshold=f"<= DDPM {crps(n, DDPM):.4f}", passed=crps(n, "PPM") <= crps(n, DDPM)))
+        checks.append(Check(f"(4) PPM QICE vs the conditional DDPM, {n} variant", per[n]["PPM"]["qice"],
+                            paper="well-calibrated uncertainty estimates (abstract); ETTh1 QICE 1.475%",
+                            threshold=f"<= DDPM {per[n][DDPM]['qice']:.4f}",
+                            passed=per[n]["PPM"]["qice"] <= per[n][DDPM]["qice"]))
+    speedup = min(per[n][DDPM]["infer_ms_per_window"] / per[n]["PPM"]["infer_ms_per_window"] for n in per)
+    checks.append(Check("(5) inference time per window, DDPM / PPM (worst variant)", speedup,
+                        paper="the efficiency of parametric methods; generative models need more computation",
+                        threshold=f">= {SPEEDUP_THRESHOLD:g}", passed=speedup >= SPEEDUP_THRESHOLD,
+                        note=f"T = {c.diffusion_steps} denoiser passes vs one; same process and batch size"))
+    sweep_txt = " | ".join(f"[{n}] " + ", ".join(f"{k}: CRPS {v['crps']:.4f}, QICE {100 * v['qice']:.2f}%, "
+                                                 f"90% cov. {v['coverage_0.9']:.3f}"
+                                                 for k, v in extras[n]["sweep"].items())
+                           for n in per if extras[n]["sweep"]) or "not run"
+    claim = "PPM beats a conditional DDPM on CRPS and QICE at a fraction of its inference cost"
     verdict, ok = verdict_from_checks(
         checks, claim=claim,
         context=(f"Scale: series length {c.length}, {c.num_channels} channels, L={c.seq_len}, H={c.pred_len}, "
                  f"d_model {c.d_model}, d_ff {c.d_ff}, K={c.train_samples} training / {c.test_samples} test samples, "
-                 f"<= {c.epochs} epochs x {c.max_steps_per_epoch or 'all'} steps of batch {c.batch_size}, one seed, "
-                 f"{extras[c.noises[0]]['windows']} train/val/test windows. " + " | ".join(lines)
+                 f"h={c.bandwidth}, <= {c.epochs} epochs x {c.max_steps_per_epoch or 'all'} steps of batch "
+                 f"{c.batch_size}, one seed, {extras[c.noises[0]]['windows']} train/val/test windows; DDPM with "
+                 f"T={c.diffusion_steps}. " + " | ".join(lines)
                  + f". Cost ({c.noises[0]}, train time includes compilation): " + cost_txt
                  + f". Lowest CRPS (raw-sample rows): {best}. '{KDE_ROW}' adds the loss's N(0, h^2) kernel noise "
-                 f"(h={c.bandwidth}) to PPM's samples, i.e. samples the density the KDE-NLL trains."
+                 f"(h={c.bandwidth}) to PPM's samples, i.e. samples the density the KDE-NLL trains. "
+                 f"PPM by training samples K and bandwidth h: {sweep_txt}."
                  " Paper (ETTh1, H=192, vs diffusion baselines): CRPS 0.3369, QICE 1.475%, MSE 0.4474"),
-        cause=_cause(per, c), cause_class="spec")
-    reproduced = ok if claim1 is not None else None
-    if reproduced is None:  # claim (1) needs the bimodal variant
-        verdict = ("Undecided (no bimodal variant)."
-                   + verdict.removeprefix(f"{'Reproduced' if ok else 'Not reproduced'}: {claim}."))
+        cause=_cause(per, c, {n: extras[n]["sweep"] for n in per}, speedup), cause_class="scale")
+    reproduced = ok
     metrics = {"per_dataset": per, "claim_ppm_crps_le_gaussian_bimodal": claim1,
-               "claim_ppm_qice_lt_bootstrap": claim2, "best_crps_model": best,
-               "checks": [ch.as_dict() for ch in checks]}
+               "claim_ppm_qice_lt_bootstrap": claim2, "best_crps_model": best, "ddpm_over_ppm_infer_time": speedup,
+               "sweep": {n: extras[n]["sweep"] for n in per}, "checks": [ch.as_dict() for ch in checks]}
     for n in per:
-        for m, tag in (("PPM", "ppm"), (KDE_ROW, "ppm_kde"), ("Gaussian MLP", "gaussian"), ("MLP + bootstrap", "bootstrap")):
+        for m, tag in (("PPM", "ppm"), (KDE_ROW, "ppm_kde"), ("Gaussian MLP", "gaussian"), ("MLP + bootstrap", "bootstrap"),
+                       (DDPM, "ddpm")):
             metrics[f"{n}_{tag}_crps"] = per[n][m]["crps"]
             metrics[f"{n}_{tag}_qice"] = per[n][m]["qice"]
             metrics[f"{n}_{tag}_coverage90"] = per[n][m]["coverage_0.9"]
     plots = [_plot_forecasts(extras, c, workdir), _plot_calibration(extras, per, workdir), _plot_cost(per, c, workdir)]
     return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots,
-            "cause": "spec" if reproduced is False else None}
+            "cause": "scale" if not reproduced else None}
 
 
-def _cause(per: Mapping[str, Any], c: Config) -> str:
-    """Why the checks fail (class "spec"), with the run's calibration numbers.
-
-    Both checks are the spec's own CPU-plan targets (section 10(d), marked inferred), not claims of the
-    paper, which compares PPM with diffusion baselines on real series; and the numbers show PPM's raw
-    samples under-dispersed, as the loss predicts (see the module docstring).
-    """
-    cov = ", ".join(f"{n} {per[n]['PPM']['coverage_0.9']:.2f} (with kernel noise {per[n][KDE_ROW]['coverage_0.9']:.2f}"
-                    f", QICE {100 * per[n]['PPM']['qice']:.2f}% -> {100 * per[n][KDE_ROW]['qice']:.2f}%)"
+def _cause(per: Mapping[str, Any], c: Config, sweep: Mapping[str, Any], speedup: float) -> str:
+    """Why the paper-statement checks fail (class "scale"), with the run's accuracy, calibration and cost numbers."""
+    acc = "; ".join(f"{n}: CRPS PPM {per[n]['PPM']['crps']:.4f} vs DDPM {per[n][DDPM]['crps']:.4f}, QICE "
+                    f"{100 * per[n]['PPM']['qice']:.2f}% vs {100 * per[n][DDPM]['qice']:.2f}%" for n in per)
+    cov = ", ".join(f"{n} {per[n]['PPM']['coverage_0.9']:.2f} (with kernel noise {per[n][KDE_ROW]['coverage_0.9']:.2f})"
                     for n in per)
-    return ("both checks are the spec's own CPU-plan targets (spec 10(d), marked inferred), not the paper's "
-            "statements: the paper compares PPM with diffusion baselines on real series (spec 10(c); ETTh1 H=192: "
-            "CRPS 0.3369, QICE 1.475%), not with a Gaussian head on multimodal noise or a bootstrapped point MLP. "
-            f"PPM's raw samples are under-dispersed: 90% coverage {cov}; the hybrid loss's MSE on the mean of "
-            f"K={c.train_samples} training samples (released code 100) rewards spread shrinking by Var/K, and its "
-            f"KDE-NLL with bandwidth h={c.bandwidth} (close to the predictive std) fits samples narrower than the "
-            "target by h")
+    swept = "; ".join(f"{n}: " + ", ".join(f"{k} -> 90% coverage {v['coverage_0.9']:.2f}, QICE {100 * v['qice']:.2f}%"
+                                            for k, v in rows.items()) for n, rows in sweep.items() if rows)
+    return (f"a small conditional DDPM ({per[next(iter(per))][DDPM]['params']} parameters, {c.ddpm_epochs} epochs) "
+            f"learns these series as well as PPM or better ({acc}); the abstract's case against generative models is "
+            f"that they need extensive data and computation, and {c.length} steps of {c.num_channels} synthetic "
+            f"channels at H={c.pred_len} are enough data for one this small, while the cost side does show (PPM "
+            f"forecasts in one pass, {speedup:.0f}x faster per window). PPM's raw samples are under-dispersed at the "
+            f"released bandwidth h={c.bandwidth} (90% coverage {cov}): the MSE on the mean of K={c.train_samples} "
+            f"training samples rewards a spread shrinking by Var/K and the KDE-NLL fits samples narrower than the "
+            f"target by h" + (f"; retrained with other (K, h): {swept}" if swept else ""))
 
 
 def _plot_forecasts(extras, c: Config, workdir):
@@ -394,11 +451,13 @@ EXPERIMENT = registry.Experiment(
         "smoke": lambda: Config(length=900, num_channels=2, seq_len=48, pred_len=12, d_model=16, d_ff=32,
                                 num_quantiles=9, train_samples=8, test_samples=32, epochs=2, max_steps_per_epoch=10,
                                 max_test_windows=64, noises=("bimodal",), progress=False,
-                                models=REQUIRED),
-        "quick": lambda: Config(length=6000, d_model=32, d_ff=64, train_samples=8, epochs=10,
-                                max_steps_per_epoch=80, max_test_windows=512, progress=False),
+                                models=REQUIRED, diffusion_steps=4, ddpm_epochs=2, sweep=((4, 0.1),)),
+        "quick": lambda: Config(length=6000, d_model=32, d_ff=64, epochs=10,
+                                max_steps_per_epoch=80, max_test_windows=512, train_samples=32,
+                                sweep=((8, 0.3), (100, 0.3), (32, 0.1)), progress=False),
         "paper": lambda: Config(length=20000, pred_len=192, d_model=256, d_ff=512, train_samples=100,
-                                learning_rate=1e-4, lr_decay=0.5, epochs=30, patience=5),
+                                learning_rate=1e-4, lr_decay=0.5, epochs=30, patience=5,
+                                sweep=((100, 0.1), (100, 0.5)), ddpm_learning_rate=1e-3, ddpm_epochs=90),
     },
     run=run,
 )

@@ -20,7 +20,8 @@ The prior estimator is pluggable (`estimator=`): any module mapping ``x~ [b, c, 
 ``(mu, logvar)`` of shape ``[b, c, D]``.
 
 Baselines with the same trunk and normalization (:class:`GaussianMLP`: mean and standard deviation per
-horizon step; :class:`QuantileMLP`: Q quantiles per step; :class:`PointMLP`: a point forecast).
+horizon step; :class:`QuantileMLP`: Q quantiles per step; :class:`PointMLP`: a point forecast;
+:class:`DiffusionMLP`: the noise predictor of a conditional DDPM, the deep-generative baseline).
 
 Dimension legend: ``b`` batch (windows), ``L`` look-back length, ``H`` horizon, ``c`` channels
 (variables), ``K`` samples, ``D`` latent width (d_model), ``F`` hidden width (d_ff), ``Q`` quantiles.
@@ -61,6 +62,7 @@ __all__ = [
     "GaussianMLP",
     "QuantileMLP",
     "PointMLP",
+    "DiffusionMLP",
     "Dense",
     "instance_normalize",
     "count_params",
@@ -270,6 +272,38 @@ class PointMLP(nnx.Module):
         _check_input(x, c.seq_len)
         xn, m, s = instance_normalize(x, c.eps)
         return jnp.swapaxes(self.head(self.trunk(xn)), 1, 2) * (s + c.eps) + m
+
+
+class DiffusionMLP(nnx.Module):
+    """Noise predictor of a conditional DDPM forecaster (the deep-generative baseline; `primitives.ddpm`).
+
+    Channel-independent like :class:`PPM`: on the instance-normalized scale, a noisy horizon y_t [b, c, K, H]
+    (K samples per window) and the step t are mapped to the predicted noise [b, c, K, H], conditioned on the
+    window x~ [b, c, L]:  eps = W_o GELU(W_h GELU(W_c x~ + W_y y_t + W_t emb(t))), emb = sinusoidal (D wide).
+    The conditioning is computed once per window and shared by the K samples and every step.
+    """
+
+    def __init__(self, config: PPMConfig, *, rngs: nnx.Rngs):
+        c = config
+        self.config = c
+        self.cond = Dense(c.seq_len, c.d_model, rngs=rngs, axes=(None, "embed"))
+        self.inp = Dense(c.pred_len, c.d_model, rngs=rngs, axes=(None, "embed"))
+        self.temb = Dense(c.d_model, c.d_model, rngs=rngs, axes=(None, "embed"))
+        self.hidden = Dense(c.d_model, c.d_ff, rngs=rngs, axes=("embed", "mlp"))
+        self.out = Dense(c.d_ff, c.pred_len, rngs=rngs, axes=("mlp", None))
+
+    def condition(self, xn: jax.Array) -> jax.Array:
+        """x~ [b, c, L] -> the conditioning [b, c, 1, D]."""
+        return self.cond(xn)[:, :, None, :]
+
+    def __call__(self, cond: jax.Array, yt: jax.Array, t: jax.Array) -> jax.Array:
+        """cond [b, c, 1, D] (from `condition`), y_t [b, c, K, H], t int [b, c, K] or scalar -> noise [b, c, K, H]."""
+        d = self.config.d_model
+        freqs = jnp.exp(-math.log(10_000.0) * jnp.arange(d // 2, dtype=jnp.float32) / max(d // 2, 1))
+        ang = jnp.asarray(t, jnp.float32)[..., None] * freqs
+        emb = jnp.concatenate([jnp.sin(ang), jnp.cos(ang)] + ([jnp.zeros_like(ang[..., :1])] if d % 2 else []), -1)
+        h = jax.nn.gelu(cond + self.inp(yt) + self.temb(emb), approximate=False)
+        return self.out(jax.nn.gelu(self.hidden(h), approximate=False))
 
 
 def count_params(model: nnx.Module) -> int:

@@ -20,7 +20,11 @@ Baselines (same MLP trunk and instance normalization, :mod:`models.ppm`):
   its quantiles are used as an ensemble of Q members;
 * point MLP + residual bootstrap (:func:`mse_loss`, :func:`bootstrap_samples`): deterministic forecast
   plus horizon-long residual vectors resampled from the validation split;
-* seasonal naive + residual bootstrap (:func:`seasonal_naive`): repeat the last period.
+* seasonal naive + residual bootstrap (:func:`seasonal_naive`): repeat the last period;
+* conditional DDPM (:func:`make_ddpm_loss`, :func:`sample_ddpm`, :class:`models.ppm.DiffusionMLP`): the
+  deep-generative class the paper compares with (TimeGrad, CSDI, ... are DDPMs with other denoisers),
+  trained on the noise-prediction loss on the instance-normalized horizon and sampled with T ancestral
+  steps (CSDI's T = 50 quadratic schedule by default), so each forecast costs T network passes.
 
 Training (:func:`train`) is a jitted optax Adam loop over shuffled mini-batches with the code's "type1"
 schedule ``lr_e = lr * decay^(e - 1)`` per epoch and early stopping on the validation loss (the best
@@ -58,7 +62,8 @@ import optax
 from flax import nnx
 from jax.scipy.special import gammaln
 
-from models.ppm import PPM, GaussianMLP, PointMLP, QuantileMLP, count_params
+from models.ppm import PPM, DiffusionMLP, GaussianMLP, PointMLP, QuantileMLP, count_params, instance_normalize
+from primitives import ddpm
 from primitives import probabilistic_metrics as pm
 
 __all__ = [
@@ -75,6 +80,8 @@ __all__ = [
     "gaussian_nll_loss",
     "pinball_loss",
     "mse_loss",
+    "make_ddpm_loss",
+    "sample_ddpm",
     "quantile_levels",
     "train",
     "sample_ppm",
@@ -236,6 +243,56 @@ def mse_loss(model: PointMLP, x, y, key=None):
     """Mean squared error of a point forecast."""
     loss = jnp.mean((model(x) - y) ** 2)
     return loss, {"mse": loss}
+
+
+def _normalized_target(model: DiffusionMLP, x, y):
+    """(x~ [b, c, L], y~ [b, c, 1, H], m, s): window and horizon on the window's instance-normalized scale."""
+    xn, m, s = instance_normalize(x, model.config.eps)
+    yn = jnp.swapaxes((y - m) / (s + model.config.eps), 1, 2)[:, :, None, :]
+    return xn, yn, m, s
+
+
+def make_ddpm_loss(schedule: ddpm.DDPMSchedule) -> LossFn:
+    """``(model, x, y, key) -> (loss, parts)`` for a :class:`models.ppm.DiffusionMLP`: the mean squared error
+    of the predicted noise at one uniformly drawn step t in 1..T per series (Ho et al. eq. 14)."""
+
+    def loss_fn(model, x, y, key):
+        xn, yn, _, _ = _normalized_target(model, x, y)
+        kt, kn = jax.random.split(key)
+        t = jax.random.randint(kt, yn.shape[:3], 1, schedule.num_steps + 1)
+        noise = jax.random.normal(kn, yn.shape, yn.dtype)
+        yt = ddpm.q_sample(yn, t[..., None], noise, schedule)
+        loss = jnp.mean(jnp.square(model(model.condition(xn), yt, t) - noise))
+        return loss, {"eps_mse": loss}
+
+    return loss_fn
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_samples"))
+def _ddpm_apply(graphdef, state, schedule, x, key, num_samples):
+    model = nnx.merge(graphdef, state)
+    xn, m, s = instance_normalize(x, model.config.eps)
+    cond = model.condition(xn)
+    shape = xn.shape[:2] + (num_samples, model.config.pred_len)
+
+    def step(y, t):
+        z = jax.random.normal(jax.random.fold_in(key, t), shape, y.dtype)
+        return ddpm.ancestral_step(y, model(cond, y, t), t, z, schedule), None
+
+    y0 = jax.random.normal(jax.random.fold_in(key, 0), shape, jnp.float32)
+    y, _ = jax.lax.scan(step, y0, jnp.arange(schedule.num_steps, 0, -1))
+    y = jnp.transpose(y, (0, 2, 3, 1))  # [b, K, H, c]
+    return y * (s[:, None] + model.config.eps) + m[:, None]
+
+
+def sample_ddpm(model: DiffusionMLP, x, key: jax.Array, schedule: ddpm.DDPMSchedule, *, num_samples: int = 100,
+                batch_size: int = 256) -> jax.Array:
+    """K forecast samples [b, K, H, c] (numpy) from a conditional DDPM: T ancestral steps from N(0, I)."""
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    graphdef, state = nnx.split(model)
+    return _batched(lambda xb, i: _ddpm_apply(graphdef, state, schedule, jnp.asarray(xb), jax.random.fold_in(key, i),
+                                              num_samples), np.asarray(x), batch_size)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,16 +1,20 @@
-"""The ppm experiment's cause text (class "spec") carries the run's calibration numbers."""
+"""The ppm experiment's cause text (class "scale") carries the run's accuracy, calibration and cost numbers."""
 
 from experiments import ppm as E
 
 
-def _row(cov, qice):
-    return {"coverage_0.9": cov, "qice": qice}
+def _row(cov, qice, crps, params=100):
+    return {"coverage_0.9": cov, "qice": qice, "crps": crps, "params": params}
 
 
-def test_cause_reports_coverage_and_qice_per_variant():
-    per = {"gaussian": {"PPM": _row(0.481, 0.0489), E.KDE_ROW: _row(0.787, 0.0148)},
-           "bimodal": {"PPM": _row(0.669, 0.0368), E.KDE_ROW: _row(0.771, 0.0227)}}
-    text = E._cause(per, E.EXPERIMENT.presets["quick"]())
-    assert "spec 10(d)" in text and "K=8" in text and "h=0.3" in text
-    assert "gaussian 0.48 (with kernel noise 0.79, QICE 4.89% -> 1.48%)" in text
-    assert "bimodal 0.67 (with kernel noise 0.77, QICE 3.68% -> 2.27%)" in text
+def test_cause_reports_the_ddpm_comparison_calibration_and_sweep():
+    per = {"gaussian": {"PPM": _row(0.636, 0.0358, 0.2777), E.KDE_ROW: _row(0.835, 0.0078, 0.2656),
+                        E.DDPM: _row(0.833, 0.0096, 0.2678, params=8632)},
+           "bimodal": {"PPM": _row(0.783, 0.0220, 0.3941), E.KDE_ROW: _row(0.847, 0.0108, 0.3906),
+                       E.DDPM: _row(0.889, 0.0047, 0.3930, params=8632)}}
+    sweep = {"gaussian": {}, "bimodal": {"K=8, h=0.3": _row(0.669, 0.0368, 0.4064)}}
+    text = E._cause(per, E.EXPERIMENT.presets["quick"](), sweep, 29.5)
+    assert "(8632 parameters, 30 epochs)" in text and "30x faster per window" in text
+    assert "gaussian: CRPS PPM 0.2777 vs DDPM 0.2678, QICE 3.58% vs 0.96%" in text
+    assert "gaussian 0.64 (with kernel noise 0.83)" in text and "K=32 training samples" in text
+    assert "bimodal: K=8, h=0.3 -> 90% coverage 0.67, QICE 3.68%" in text

@@ -11,6 +11,7 @@ from scipy import integrate, stats
 
 from algorithms.forecasting import ppm as F
 from models import ppm as M
+from primitives import ddpm
 
 RNG = np.random.default_rng(0)
 KEY = jax.random.key(0, impl="rbg")
@@ -181,3 +182,48 @@ def test_configs_and_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="train_data must be"):
         F.train(M.PointMLP(M.PPMConfig(seq_len=4, pred_len=2, d_model=2, d_ff=2), rngs=nnx.Rngs(0)), F.mse_loss,
                 (np.zeros((3, 4, 1)), np.zeros((2, 2, 1))), (np.zeros((3, 4, 1)), np.zeros((3, 2, 1))), key=KEY)
+
+
+# ---------------------------------------------------------------- the conditional DDPM baseline
+
+
+def _zero_output(model):
+    model.out.w[...] = jnp.zeros_like(model.out.w[...])
+    model.out.b[...] = jnp.zeros_like(model.out.b[...])
+    return model
+
+
+def test_ddpm_loss_of_a_zero_predictor_is_the_noise_variance():
+    cfg = M.PPMConfig(seq_len=12, pred_len=6, d_model=8, d_ff=16)
+    model = _zero_output(M.DiffusionMLP(cfg, rngs=nnx.Rngs(0)))
+    x = jax.random.normal(jax.random.key(0), (64, 12, 3))
+    y = jax.random.normal(jax.random.key(1), (64, 6, 3))
+    loss, parts = F.make_ddpm_loss(ddpm.ddpm_schedule(num_steps=10))(model, x, y, jax.random.key(2))
+    n = 64 * 3 * 6  # E[noise^2] = 1, Var[noise^2] = 2
+    assert abs(float(loss) - 1.0) < 5 * math.sqrt(2 / n) and float(parts["eps_mse"]) == float(loss)
+
+
+def test_ddpm_sampler_follows_the_reverse_chain_and_the_window_scale():
+    # A zero noise predictor makes every step y_{t-1} = y_t / sqrt(alpha_t) + sigma_t z: a float64 recursion
+    # gives the output variance on the normalized scale; the samples come back on the window's scale.
+    cfg = M.PPMConfig(seq_len=16, pred_len=4, d_model=8, d_ff=16)
+    model = _zero_output(M.DiffusionMLP(cfg, rngs=nnx.Rngs(0)))
+    sch = ddpm.ddpm_schedule(num_steps=8)
+    x = np.asarray(jax.random.normal(jax.random.key(3), (3, 16, 2)))
+    s = F.sample_ddpm(model, x, jax.random.key(4), sch, num_samples=4000, batch_size=2)
+    assert s.shape == (3, 4000, 4, 2)
+    b = np.asarray(sch.betas, np.float64)
+    abar = np.cumprod(1 - b)
+    post = np.concatenate([[0.0], b[1:] * (1 - abar[:-1]) / (1 - abar[1:])])
+    v = 1.0
+    for i in range(len(b) - 1, -1, -1):
+        v = v / (1 - b[i]) + post[i]
+    m, sd = x.mean(1), x.std(1)  # [3, 2]
+    z = (s - m[:, None, None]) / sd[:, None, None]
+    n = z[..., 0].size // 3
+    assert np.all(np.abs(z.mean(axis=(1, 2))) < 5 * math.sqrt(v / n))
+    np.testing.assert_allclose(z.std(axis=(1, 2)), math.sqrt(v), rtol=5 / math.sqrt(2 * n))
+    shifted = F.sample_ddpm(model, x + 5.0, jax.random.key(4), sch, num_samples=4000, batch_size=2)
+    np.testing.assert_allclose(shifted, s + 5.0, atol=1e-4)
+    with pytest.raises(ValueError, match="num_samples"):
+        F.sample_ddpm(model, x, jax.random.key(4), sch, num_samples=0)
