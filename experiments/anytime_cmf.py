@@ -17,13 +17,13 @@ streams X ~ U[-1, 1]^d, Y = mu(X) + sigma(X) eps, sigma(x) = 0.5 + |x_1|:
    linear-projection and discretized baselines; type-I error over time is plotted.
 2. **Power and stopping time.** mu = A s(x_1) / ||s / sigma|| with shapes quadratic (x^2 - 1/3, zero
    linear projection), linear, a sparse bump and an oscillation sin(4 pi x) (zero mean in every
-   cell of the discretized baseline), at signal strengths I = E[mu^2 / sigma^2] in `signals`. Methods:
+   cell of the discretized baseline), at signal strengths I = E[mu^2 / sigma^2] in `power.signals`. Methods:
    GAAVI (learned weights), oracle weights mu / sigma^2, linear projection, discretized (Bonferroni
    over cells). Rejection rate by T and over time, mean (censored) stopping time. "Power one" is a
-   T -> infinity statement, so GAAVI's rejection rate against t up to `power_curve_horizon` (4000,
+   T -> infinity statement, so GAAVI's rejection rate against t up to `power.curve_horizon` (4000,
    1000 streams per shape, top signal) is reported too (not checked).
 3. **Sample complexity.** Oracle weights with known variance: E[tau] I / (2 log(1/alpha)) for alpha in
-   `oracle_alphas` (-> 1 as alpha -> 0 is the Gaussian-location optimality), with rho tuned at the
+   `oracle.alphas` (-> 1 as alpha -> 0 is the Gaussian-location optimality), with rho tuned at the
    burn-in (default) and at the planned sample size 2 log(1/alpha) / I.
 4. **Simulated randomized trial (contrast).** A ~ Bernoulli(1/2), mu_0(x) = 1 + x + x^2, CATE
    tau(x) = delta sin(pi x) (average effect 0): GAAVI on AIPW pseudo-outcomes (predictable ridge
@@ -36,6 +36,10 @@ Recipe:
     python -m experiments run anytime_cmf --preset smoke    # seconds (tests)
     python -m experiments run anytime_cmf --preset quick    # 10k null streams in the main setting, T = 1000; minutes
     python -m experiments run anytime_cmf --preset paper    # 10k null streams everywhere, T = 5000 (accelerator)
+    python -m experiments run anytime_cmf --preset smoke --power.streams 16   # one field of a config section
+
+Config sections (`run anytime_cmf --help` lists every field): learner (the weight learner), null (1), power
+(2), oracle (3), trial (4), cs (5); the monitoring settings (alpha, horizon, burn-ins) stay at the top.
 """
 
 from __future__ import annotations
@@ -66,8 +70,74 @@ SHAPES = ("quadratic", "linear", "bump", "oscillating")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class LearnerConfig:
+    """The weight learner: ridge on random Fourier features (on the command line ``--learner.rff-features 16``)."""
+
+    rff_features: int = 32
+    rff_lengthscale: float = 0.2
+    ridge_l2: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NullConfig:
+    """1. Null calibration (``--null.streams 2000``)."""
+
+    streams: int = 10_000  # the main setting (Gaussian noise, d = 1)
+    streams_other: int = 1000  # every other noise and dimension
+    noises: tuple[str, ...] = NOISES
+    dims: tuple[int, ...] = (1, 5)  # d = 1 with every noise; the others with Gaussian noise
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PowerConfig:
+    """2. Power (``--power.streams 100``).
+
+    Power against T: "power one" is a T -> infinity statement, so GAAVI's rejection rate by t is also reported
+    up to `curve_horizon` (top signal, every shape, GAAVI alone) on `curve_streams` streams. Reported beside the
+    check, not checked; 0 = off (the smoke preset). About 15 s on 2 CPU cores.
+    """
+
+    streams: int = 300
+    shapes: tuple[str, ...] = SHAPES
+    signals: tuple[float, ...] = (0.02, 0.04, 0.08)  # I = E[mu^2 / sigma^2]
+    bins_per_dim: int = 4  # discretized baseline (d = 1)
+    curve_streams: int = 1000
+    curve_horizon: int = 4000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OracleConfig:
+    """3. Sample complexity with oracle weights (``--oracle.streams 200``)."""
+
+    streams: int = 500
+    alphas: tuple[float, ...] = (0.05, 1e-2, 1e-3)
+    signal: float = 0.02
+    horizon: int = 4000
+    burn_in: int = 20
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrialConfig:
+    """4. The simulated randomized trial (``--trial.deltas 0 1``; an empty tuple skips the study)."""
+
+    streams: int = 300
+    deltas: tuple[float, ...] = (0.0, 0.5, 1.0)
+    rff_features: int = 16
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CSConfig:
+    """5. Confidence sequences (``--cs.streams 200``)."""
+
+    streams: int = 500
+    grid: tuple[float, ...] = (-0.6, -0.2, 0.2, 0.6)
+    bandwidth: float = 0.2
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
-    """anytime_cmf settings (every field can be overridden on the command line)."""
+    """anytime_cmf settings (every field can be overridden on the command line; sections as
+    ``--power.streams 100``)."""
 
     alpha: float = 0.05
     horizon: int = 1000  # T: samples per stream (continuous monitoring up to T)
@@ -75,64 +145,44 @@ class Config:
     burn_ins: tuple[int, ...] = (50, 200, 500)
     main_burn_in: int = 200  # the burn-in of the power study and the baselines
     peek_start: int = 10  # the naive z-test looks after every sample from here on
-    # Weight learner: ridge on random Fourier features.
-    rff_features: int = 32
-    rff_lengthscale: float = 0.2
-    ridge_l2: float = 1.0
-    # 1. null calibration.
-    null_streams: int = 10_000  # the main setting (Gaussian noise, d = 1)
-    null_streams_other: int = 1000  # every other noise and dimension
-    null_noises: tuple[str, ...] = NOISES
-    null_dims: tuple[int, ...] = (1, 5)  # d = 1 with every noise; the others with Gaussian noise
-    # 2. power.
-    power_streams: int = 300
-    shapes: tuple[str, ...] = SHAPES
-    signals: tuple[float, ...] = (0.02, 0.04, 0.08)  # I = E[mu^2 / sigma^2]
-    bins_per_dim: int = 4  # discretized baseline (d = 1)
-    # Power against T: "power one" is a T -> infinity statement, so GAAVI's rejection rate by t is also
-    # reported up to `power_curve_horizon` (top signal, every shape, GAAVI alone) on `power_curve_streams`
-    # streams. Reported beside the check, not checked; 0 = off (the smoke preset). About 15 s on 2 CPU cores.
-    power_curve_streams: int = 1000
-    power_curve_horizon: int = 4000
-    # 3. sample complexity (oracle).
-    oracle_streams: int = 500
-    oracle_alphas: tuple[float, ...] = (0.05, 1e-2, 1e-3)
-    oracle_signal: float = 0.02
-    oracle_horizon: int = 4000
-    oracle_burn_in: int = 20
-    # 4. randomized trial.
-    trial_streams: int = 300
-    trial_deltas: tuple[float, ...] = (0.0, 0.5, 1.0)
-    trial_rff_features: int = 16
-    # 5. confidence sequences.
-    cs_streams: int = 500
-    cs_grid: tuple[float, ...] = (-0.6, -0.2, 0.2, 0.6)
-    cs_bandwidth: float = 0.2
+    learner: LearnerConfig = LearnerConfig()
+    null: NullConfig = NullConfig()  # 1.
+    power: PowerConfig = PowerConfig()  # 2.
+    oracle: OracleConfig = OracleConfig()  # 3.
+    trial: TrialConfig = TrialConfig()  # 4.
+    cs: CSConfig = CSConfig()  # 5.
     batch_size: int = 250  # streams per compiled call
     seed: int = 0
     progress: bool = True
 
+    def __post_init__(self):
+        _validate(self)
+
 
 def _validate(c: Config) -> None:
+    """Raises `registry.ConfigError` (a ValueError) naming the field's path for a config no study can run."""
     if not 0 < c.alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1); got alpha={c.alpha}")
-    if c.horizon % c.block_size or c.oracle_horizon % c.block_size:
-        raise ValueError(f"block_size={c.block_size} must divide horizon={c.horizon} and "
-                         f"oracle_horizon={c.oracle_horizon}")
-    bad = [m for m in c.burn_ins + (c.main_burn_in, c.peek_start) if not 1 <= m <= c.horizon]
-    if bad:
-        raise ValueError(f"burn-ins must be in [1, horizon={c.horizon}]; got {bad}")
+        raise registry.ConfigError("alpha", f"must be in (0, 1); got {c.alpha}")
+    if c.horizon % c.block_size or c.oracle.horizon % c.block_size:
+        raise registry.ConfigError("block_size", f"must divide horizon={c.horizon} and "
+                                   f"oracle.horizon={c.oracle.horizon}; got {c.block_size}")
+    for name, values in (("burn_ins", c.burn_ins), ("main_burn_in", (c.main_burn_in,)),
+                         ("peek_start", (c.peek_start,))):
+        bad = [m for m in values if not 1 <= m <= c.horizon]
+        if bad:
+            raise registry.ConfigError(name, f"must be in [1, horizon={c.horizon}]; got {bad}")
     if c.main_burn_in not in c.burn_ins:
-        raise ValueError(f"main_burn_in={c.main_burn_in} must be one of burn_ins={c.burn_ins}")
-    if c.power_curve_streams < 0 or (c.power_curve_streams and (c.power_curve_horizon % c.block_size
-                                                                or c.power_curve_horizon < c.main_burn_in)):
-        raise ValueError(f"power_curve_streams must be >= 0, and when on block_size={c.block_size} must divide "
-                         f"power_curve_horizon={c.power_curve_horizon} >= main_burn_in={c.main_burn_in}; got "
-                         f"power_curve_streams={c.power_curve_streams}")
-    for name, vals, allowed in (("null_noises", c.null_noises, NOISES), ("shapes", c.shapes, SHAPES)):
+        raise registry.ConfigError("main_burn_in", f"must be one of burn_ins={c.burn_ins}; got {c.main_burn_in}")
+    if c.power.curve_streams < 0:
+        raise registry.ConfigError("power.curve_streams", f"must be >= 0 (0 = off); got {c.power.curve_streams}")
+    if c.power.curve_streams and (c.power.curve_horizon % c.block_size or c.power.curve_horizon < c.main_burn_in):
+        raise registry.ConfigError("power.curve_horizon", f"must be a multiple of block_size={c.block_size} and "
+                                   f">= main_burn_in={c.main_burn_in} when power.curve_streams > 0; got "
+                                   f"{c.power.curve_horizon}")
+    for name, vals, allowed in (("null.noises", c.null.noises, NOISES), ("power.shapes", c.power.shapes, SHAPES)):
         extra = [v for v in vals if v not in allowed]
         if extra:
-            raise ValueError(f"{name} must be drawn from {allowed}; got {extra}")
+            raise registry.ConfigError(name, f"must be drawn from {allowed}; got {extra}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,8 +261,8 @@ def _masked_ridge(c: Config, d: int, mask, num_features: int | None = None) -> a
     """Ridge on [1, x, RFF(x)] * mask: mask = 1 is the GAAVI learner, [1, 1_d, 0] the linear projection,
     [1, 0, 0] a running mean (zeroed features get coefficient 0 exactly), so one compiled scan runs all."""
     feats = av.random_fourier_features(jax.random.fold_in(jax.random.key(c.seed), 99), d,
-                                       num_features or c.rff_features, lengthscale=c.rff_lengthscale)
-    return av.ridge_regressor(lambda x: feats(x) * mask, dim=d, l2=c.ridge_l2)
+                                       num_features or c.learner.rff_features, lengthscale=c.learner.rff_lengthscale)
+    return av.ridge_regressor(lambda x: feats(x) * mask, dim=d, l2=c.learner.ridge_l2)
 
 
 def _masks(d: int, p: int, kinds) -> jax.Array:
@@ -238,7 +288,7 @@ def _batched(fn, key, n: int, batch_size: int):
 def _simulate(key, amp, shape_idx, noise_idx, *, c: Config, d: int, n: int):
     """Streams with mu = amp * unit shape (amp = 0: the null), noise NOISES[noise_idx]; stop times of
     GAAVI (every burn-in), the peeked z-test, the linear-projection, discretized and oracle-weight tests."""
-    p = 1 + d + c.rff_features
+    p = 1 + d + c.learner.rff_features
     masks = _masks(d, p, ("full", "linear"))
     oracle = av.fixed_regressor(lambda x: _unit_shape(shape_idx, x[:, 0]) / _sigma(x[:, 0]) ** 2)
     unit = av.fixed_regressor(lambda x: jnp.ones(x.shape[0]))
@@ -259,7 +309,7 @@ def _simulate(key, amp, shape_idx, noise_idx, *, c: Config, d: int, n: int):
         out["single_look"] = jnp.abs(s) >= q * jnp.sqrt(jnp.maximum(v, 1e-30))  # [t]: the z-test used once at t
         out["linear"] = cs.sequential_mixture_test(tr_all.z[1], tr_all.v_realized[1], alpha=c.alpha,
                                                    burn_in=c.main_burn_in).stop_time
-        bins = c.bins_per_dim if d == 1 else 2
+        bins = c.power.bins_per_dim if d == 1 else 2
         out["discretized"] = av.discretized_test(x, y, bins_per_dim=bins, alpha=c.alpha,
                                                  burn_in=c.main_burn_in).stop_time
         to = av.weighted_residual_martingale(x, y, regressor=oracle, variance_regressor=unit, block_size=c.block_size)
@@ -272,9 +322,9 @@ def _simulate(key, amp, shape_idx, noise_idx, *, c: Config, d: int, n: int):
 
 @functools.partial(jax.jit, static_argnames=("c", "n"))
 def _gaavi_long(key, amp, shape_idx, *, c: Config, n: int):
-    """GAAVI alone (burn-in `main_burn_in`, Gaussian noise, d = 1) on streams of `power_curve_horizon`
+    """GAAVI alone (burn-in `main_burn_in`, Gaussian noise, d = 1) on streams of `power.curve_horizon`
     samples with mu = amp * unit shape: stop times [n] (the power-against-T report)."""
-    mask = _masks(1, 2 + c.rff_features, ("full",))[0]
+    mask = _masks(1, 2 + c.learner.rff_features, ("full",))[0]
 
     def one(u):
         x = _covariates(u[:1])
@@ -282,7 +332,7 @@ def _gaavi_long(key, amp, shape_idx, *, c: Config, n: int):
         tr = av.weighted_residual_martingale(x, y, regressor=_masked_ridge(c, 1, mask), block_size=c.block_size)
         return cs.sequential_mixture_test(tr.z, tr.v_realized, alpha=c.alpha, burn_in=c.main_burn_in).stop_time
 
-    return jax.vmap(one)(_uniforms(key, n, 2, c.power_curve_horizon))
+    return jax.vmap(one)(_uniforms(key, n, 2, c.power.curve_horizon))
 
 
 def _rate(tau, t):
@@ -326,9 +376,9 @@ def _oracle_trace(x, y, *, info: float, block_size: int) -> av.MartingaleTrace:
 def _oracle_stopping(key, alphas, *, c: Config, n: int):
     """Oracle weights mu / sigma^2 with the known variance (predictable V): stop times [n, a] with rho at
     the burn-in (default) and rho planned at the benchmark sample size 2 log(1/alpha) / I."""
-    info = c.oracle_signal
+    info = c.oracle.signal
     n_plan = 2.0 * jnp.log(1.0 / alphas) / info
-    plan_scale = cs.optimal_rho_ratio(alphas) * n_plan / c.oracle_burn_in
+    plan_scale = cs.optimal_rho_ratio(alphas) * n_plan / c.oracle.burn_in
 
     def one(u):
         x = _covariates(u[:1])
@@ -336,13 +386,13 @@ def _oracle_stopping(key, alphas, *, c: Config, n: int):
         tr = _oracle_trace(x, y, info=info, block_size=c.block_size)
 
         def test(al, scale):
-            kw = dict(alpha=al, burn_in=c.oracle_burn_in)
+            kw = dict(alpha=al, burn_in=c.oracle.burn_in)
             return (cs.sequential_mixture_test(tr.z, tr.v_predictable, **kw).stop_time,
                     cs.sequential_mixture_test(tr.z, tr.v_predictable, rho_scale=scale, **kw).stop_time)
 
         return jax.vmap(test)(alphas, plan_scale)
 
-    return jax.vmap(one)(_uniforms(key, n, 2, c.oracle_horizon))
+    return jax.vmap(one)(_uniforms(key, n, 2, c.oracle.horizon))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,7 +405,7 @@ TRIAL_METHODS = ("gaavi", "ate", "linear")
 @functools.partial(jax.jit, static_argnames=("c", "n"))
 def _trial(key, delta, *, c: Config, n: int):
     """AIPW contrast tests with weights: GAAVI (RFF ridge), the average effect (running mean), linear."""
-    nf = c.trial_rff_features
+    nf = c.trial.rff_features
     p = 2 + nf
     masks = _masks(1, p, ("full", "intercept", "linear"))
     outcome = _masked_ridge(c, 1, jnp.ones((p,), jnp.float32), nf)
@@ -426,13 +476,13 @@ def _local_average_truth(name: str, grid, h: float) -> np.ndarray:
 
 @functools.partial(jax.jit, static_argnames=("c", "n"))
 def _cs_cover(key, fn_idx, truth, *, c: Config, n: int):
-    grid = jnp.asarray(c.cs_grid, jnp.float32)
+    grid = jnp.asarray(c.cs.grid, jnp.float32)
 
     def one(u):
         x = _covariates(u[:1])
         mu = jnp.stack([_cs_mu(name, x[:, 0]) for name in CS_FUNCTIONS])[fn_idx]
         y = mu + _sigma(x[:, 0]) * _gauss(u[1])
-        band = av.local_mean_confidence_band(x, y, grid, bandwidth=c.cs_bandwidth, alpha=c.alpha,
+        band = av.local_mean_confidence_band(x, y, grid, bandwidth=c.cs.bandwidth, alpha=c.alpha,
                                              burn_in=c.main_burn_in)
         ok = (band.lower <= truth) & (truth <= band.upper)  # [t, g]
         return jnp.all(ok), jnp.all(ok, axis=1), band.upper[-1] - band.lower[-1]
@@ -446,9 +496,9 @@ def _cs_cover(key, fn_idx, truth, *, c: Config, n: int):
 
 
 def _null_settings(c: Config) -> list[tuple[str, int]]:
-    """(noise, d) of the null study: d = null_dims[0] with every noise, the other dims with Gaussian noise."""
-    return [("gaussian" if i else n, d) for i, d in enumerate(c.null_dims) for n in
-            (c.null_noises if i == 0 else ("gaussian",))]
+    """(noise, d) of the null study: d = null.dims[0] with every noise, the other dims with Gaussian noise."""
+    return [("gaussian" if i else n, d) for i, d in enumerate(c.null.dims) for n in
+            (c.null.noises if i == 0 else ("gaussian",))]
 
 
 def null_study(c: Config, workdir: pathlib.Path, bar) -> Study:
@@ -460,7 +510,7 @@ def null_study(c: Config, workdir: pathlib.Path, bar) -> Study:
         key = jax.random.fold_in(_root(c.seed, 1), i)
         fn = functools.partial(_simulate, amp=jnp.float32(0.0), shape_idx=jnp.int32(0),
                                noise_idx=jnp.int32(NOISES.index(noise)), c=c, d=d)
-        n_null = c.null_streams if i == 0 else c.null_streams_other
+        n_null = c.null.streams if i == 0 else c.null.streams_other
         out = _batched(fn, key, n_null, c.batch_size)
         entry = {k: _rate(v, T) for k, v in out.items() if k != "single_look"}
         entry["streams"] = n_null
@@ -490,9 +540,9 @@ def null_study(c: Config, workdir: pathlib.Path, bar) -> Study:
     g_txt = ", ".join(f"{k}: {v[f'gaavi_m{c.main_burn_in}'][0]:.3f}" for k, v in null.items())
     m_txt = ", ".join(f"m={m}: {max(null[k][f'gaavi_m{m}'][0] for k in null):.3f}" for m in c.burn_ins)
     context = (
-        f"Null, continuous monitoring to T={T} (alpha={a}; {c.null_streams} streams for gaussian, d=1, 3SE slack "
-        f"{3 * math.sqrt(a * (1 - a) / c.null_streams):.3f}; {c.null_streams_other} for the other settings, slack "
-        f"{3 * math.sqrt(a * (1 - a) / c.null_streams_other):.3f}): "
+        f"Null, continuous monitoring to T={T} (alpha={a}; {c.null.streams} streams for gaussian, d=1, 3SE slack "
+        f"{3 * math.sqrt(a * (1 - a) / c.null.streams):.3f}; {c.null.streams_other} for the other settings, slack "
+        f"{3 * math.sqrt(a * (1 - a) / c.null.streams_other):.3f}): "
         f"GAAVI (m={c.main_burn_in}) P(reject by T) {g_txt}; worst over settings by burn-in {m_txt}; linear/"
         f"discretized worst {worst_baseline:.3f}; the z-test peeked at every sample from n={c.peek_start} rejects "
         f"{min_peek:.3f}-{max(null[k]['peek'][0] for k in null):.3f} while used once it rejects "
@@ -520,32 +570,32 @@ def power_study(c: Config, workdir: pathlib.Path, bar) -> Study:
     T = c.horizon
     methods = list(POWER_METHODS)
     power = {}
-    for si, shape in enumerate(c.shapes):
+    for si, shape in enumerate(c.power.shapes):
         power[shape] = {}
-        for j, info in enumerate(c.signals):
+        for j, info in enumerate(c.power.signals):
             key = jax.random.fold_in(_root(c.seed, 2), 100 * si + j)
             fn = functools.partial(_simulate, amp=jnp.float32(math.sqrt(info)),
                                    shape_idx=jnp.int32(SHAPES.index(shape)), noise_idx=jnp.int32(0), c=c, d=1)
-            out = _batched(fn, key, c.power_streams, c.batch_size)
+            out = _batched(fn, key, c.power.streams, c.batch_size)
             out["gaavi"] = out[f"gaavi_m{c.main_burn_in}"]
             power[shape][info] = {m: {"power": _rate(out[m], T)[0], "se": _rate(out[m], T)[1],
                                       "mean_stop": float(np.mean(np.minimum(out[m], T))),
                                       "curve": _curve(out[m], T)} for m in methods}
             bar.update(1)
-    top = max(c.signals)
-    se_p = lambda p: math.sqrt(max(p * (1 - p), 1e-12) / c.power_streams)
-    long_curves = {}  # power against T up to power_curve_horizon (off when power_curve_streams = 0)
-    if c.power_curve_streams:
-        for si, shape in enumerate(c.shapes):
+    top = max(c.power.signals)
+    se_p = lambda p: math.sqrt(max(p * (1 - p), 1e-12) / c.power.streams)
+    long_curves = {}  # power against T up to power.curve_horizon (off when power.curve_streams = 0)
+    if c.power.curve_streams:
+        for si, shape in enumerate(c.power.shapes):
             fn = functools.partial(_gaavi_long, amp=jnp.float32(math.sqrt(top)),
                                    shape_idx=jnp.int32(SHAPES.index(shape)), c=c)
-            tau = _batched(fn, jax.random.fold_in(_root(c.seed, 6), si), c.power_curve_streams, c.batch_size)
-            long_curves[shape] = _curve(tau, c.power_curve_horizon)
+            tau = _batched(fn, jax.random.fold_in(_root(c.seed, 6), si), c.power.curve_streams, c.batch_size)
+            long_curves[shape] = _curve(tau, c.power.curve_horizon)
             bar.update(1)
-    power_one = {s: power[s][top]["gaavi"]["power"] for s in c.shapes}
+    power_one = {s: power[s][top]["gaavi"]["power"] for s in c.power.shapes}
     beats = {}
     for shape, base in (("quadratic", "linear"), ("oscillating", "discretized")):
-        if shape in c.shapes:
+        if shape in c.power.shapes:
             g, b = power[shape][top]["gaavi"]["power"], power[shape][top][base]["power"]
             beats[f"{shape} vs {base}"] = (g, b, g - b > 3 * math.hypot(se_p(g), se_p(b)))
     power_ok = min(power_one.values()) >= 0.9 and all(v[2] for v in beats.values())
@@ -555,23 +605,23 @@ def power_study(c: Config, workdir: pathlib.Path, bar) -> Study:
                     threshold=">= 0.9 for every shape at the top signal, and above the linear projection "
                               "(quadratic) and the discretized test (oscillating) by 3SE", passed=power_ok)]
     p_txt = "; ".join(f"{s}: " + ", ".join(f"{m} {power[s][top][m]['power']:.2f}" for m in methods)
-                      for s in c.shapes)
+                      for s in c.power.shapes)
     st_txt = "; ".join(f"{s}: " + ", ".join(f"{m} {power[s][top][m]['mean_stop']:.0f}" for m in methods)
-                       for s in c.shapes)
-    context = (f"Power by T at I=E[mu^2/sigma^2]={top:g} ({c.power_streams} streams; gaavi, oracle, linear, "
+                       for s in c.power.shapes)
+    context = (f"Power by T at I=E[mu^2/sigma^2]={top:g} ({c.power.streams} streams; gaavi, oracle, linear, "
                f"discretized): {p_txt}; mean stopping times {st_txt}.")
     power_vs_t = {}
     if long_curves:
-        tl = c.power_curve_horizon
+        tl = c.power.curve_horizon
         ts = sorted({t for t in (tl // 8, tl // 4, tl // 2, c.horizon, tl) if 1 <= t <= tl})
-        se_l = lambda p: math.sqrt(max(p * (1 - p), 1e-12) / c.power_curve_streams)
+        se_l = lambda p: math.sqrt(max(p * (1 - p), 1e-12) / c.power.curve_streams)
         power_vs_t = {s: {str(t): {"power": float(v[t - 1]), "se": se_l(float(v[t - 1]))} for t in ts}
                       for s, v in long_curves.items()}
         l_txt = "; ".join(f"{s}: " + "/".join(f"{v[str(t)]['power']:.3f}" for t in ts) for s, v in power_vs_t.items())
-        context += (f" GAAVI power against T (reported, not checked; I={top:g}, {c.power_curve_streams} streams, "
+        context += (f" GAAVI power against T (reported, not checked; I={top:g}, {c.power.curve_streams} streams, "
                     f"P(rejected by t) at t=" + "/".join(str(t) for t in ts) + f"): {l_txt}.")
     metrics = {
-        "power_at_top_signal": {s: {m: power[s][top][m]["power"] for m in methods} for s in c.shapes},
+        "power_at_top_signal": {s: {m: power[s][top][m]["power"] for m in methods} for s in c.power.shapes},
         "power": {s: {f"{i:g}": {m: {"power": r[m]["power"], "mean_stop": r[m]["mean_stop"]} for m in methods}
                       for i, r in v.items()} for s, v in power.items()},
         "gaavi_beats_blind_baselines": {k: {"gaavi": v[0], "baseline": v[1], "significant": v[2]}
@@ -588,18 +638,18 @@ def oracle_study(c: Config, workdir: pathlib.Path, bar) -> Study:
     """3. Sample complexity: with oracle weights, E[tau] I / (2 log(1/alpha)) at the smallest alpha (rho
     planned at the benchmark sample size) is in [0.8, 1.5] (the Gaussian-location rate)."""
     oracle = {}
-    bench = lambda al: 2 * math.log(1 / al) / c.oracle_signal
-    alphas = jnp.asarray(c.oracle_alphas, jnp.float32)
+    bench = lambda al: 2 * math.log(1 / al) / c.oracle.signal
+    alphas = jnp.asarray(c.oracle.alphas, jnp.float32)
     tau_d, tau_p = _batched(functools.partial(_oracle_stopping, alphas=alphas, c=c), _root(c.seed, 3),
-                            c.oracle_streams, c.batch_size)  # [n, a]
-    for j, al in enumerate(c.oracle_alphas):
+                            c.oracle.streams, c.batch_size)  # [n, a]
+    for j, al in enumerate(c.oracle.alphas):
         oracle[al] = {"benchmark": bench(al),
-                      "ratio_default_rho": float(np.mean(np.minimum(tau_d[:, j], c.oracle_horizon)) / bench(al)),
-                      "ratio_planned_rho": float(np.mean(np.minimum(tau_p[:, j], c.oracle_horizon)) / bench(al)),
-                      "censored_default": float(np.mean(tau_d[:, j] > c.oracle_horizon)),
-                      "censored_planned": float(np.mean(tau_p[:, j] > c.oracle_horizon))}
+                      "ratio_default_rho": float(np.mean(np.minimum(tau_d[:, j], c.oracle.horizon)) / bench(al)),
+                      "ratio_planned_rho": float(np.mean(np.minimum(tau_p[:, j], c.oracle.horizon)) / bench(al)),
+                      "censored_default": float(np.mean(tau_d[:, j] > c.oracle.horizon)),
+                      "censored_planned": float(np.mean(tau_p[:, j] > c.oracle.horizon))}
     bar.update(1)
-    a_min = min(c.oracle_alphas)
+    a_min = min(c.oracle.alphas)
     ratio_ok = 0.8 <= oracle[a_min]["ratio_planned_rho"] <= 1.5
 
     checks = [Check(f"oracle E[tau] ratio in [0.8, 1.5] at alpha={a_min:g}", oracle[a_min]["ratio_planned_rho"],
@@ -616,10 +666,10 @@ def _trial_runs(c: Config, bar) -> dict:
     """4. The randomized trial's rejections: {delta: {method: {"power", "curve"}}} (TRIAL_METHODS)."""
     T = c.horizon
     trial = {}
-    for j, delta in enumerate(c.trial_deltas):
+    for j, delta in enumerate(c.trial.deltas):
         with _pinned_to_one_cpu():
             out = _batched(functools.partial(_trial, delta=jnp.float32(delta), c=c),
-                           jax.random.fold_in(_root(c.seed, 4), j), c.trial_streams, c.batch_size)  # [n, 3]
+                           jax.random.fold_in(_root(c.seed, 4), j), c.trial.streams, c.batch_size)  # [n, 3]
         trial[delta] = {m: {"power": _rate(out[:, k], T)[0], "curve": _curve(out[:, k], T)}
                         for k, m in enumerate(TRIAL_METHODS)}
         bar.update(1)
@@ -630,11 +680,11 @@ def trial_study(c: Config, trial: dict) -> Study:
     """4. Randomized trial (contrast): every method within alpha + 3SE at delta = 0, and GAAVI's power at
     the largest delta significantly above the average-effect test (the CATE averages to 0)."""
     a = c.alpha
-    t_slack = 3.0 * math.sqrt(a * (1 - a) / c.trial_streams)
-    se_t = lambda p: math.sqrt(max(p * (1 - p), 1e-12) / c.trial_streams)
-    if trial:  # an empty `trial_deltas` skips the study (the smoke preset, to stay within seconds)
+    t_slack = 3.0 * math.sqrt(a * (1 - a) / c.trial.streams)
+    se_t = lambda p: math.sqrt(max(p * (1 - p), 1e-12) / c.trial.streams)
+    if trial:  # an empty `trial.deltas` skips the study (the smoke preset, to stay within seconds)
         trial_null = max(trial[0.0][m]["power"] for m in trial[0.0]) if 0.0 in trial else 0.0
-        d_top = max(c.trial_deltas)
+        d_top = max(c.trial.deltas)
         g_top, ate_top = trial[d_top]["gaavi"]["power"], trial[d_top]["ate"]["power"]
         trial_ok = trial_null <= a + t_slack and g_top > ate_top + 3 * math.hypot(se_t(g_top), se_t(ate_top))
         measured = f"level {trial_null:.3f}; power {g_top:.2f} vs average effect {ate_top:.2f}"
@@ -658,9 +708,9 @@ def _coverage_runs(c: Config, bar) -> dict:
     """5. The local-mean bands' coverage: {mu: {"time_uniform", "by_t", "median_final_width"}} (CS_FUNCTIONS)."""
     coverage = {}
     for j, name in enumerate(CS_FUNCTIONS):
-        truth = jnp.asarray(_local_average_truth(name, c.cs_grid, c.cs_bandwidth), jnp.float32)
+        truth = jnp.asarray(_local_average_truth(name, c.cs.grid, c.cs.bandwidth), jnp.float32)
         cov, cov_t, width = _batched(functools.partial(_cs_cover, fn_idx=jnp.int32(j), truth=truth, c=c),
-                                     jax.random.fold_in(_root(c.seed, 5), j), c.cs_streams, c.batch_size)
+                                     jax.random.fold_in(_root(c.seed, 5), j), c.cs.streams, c.batch_size)
         coverage[name] = {"time_uniform": float(cov.mean()), "by_t": cov_t.mean(axis=0),
                           "median_final_width": float(np.median(width))}
         bar.update(1)
@@ -670,7 +720,7 @@ def _coverage_runs(c: Config, bar) -> dict:
 def coverage_study(c: Config, coverage: dict) -> Study:
     """5. Confidence sequences: time-uniform coverage of the local-mean band >= 1 - alpha - 3SE for every mu."""
     a = c.alpha
-    c_slack = 3.0 * math.sqrt(a * (1 - a) / c.cs_streams)
+    c_slack = 3.0 * math.sqrt(a * (1 - a) / c.cs.streams)
     worst = min(v["time_uniform"] for v in coverage.values())
     cs_ok = worst >= 1 - a - c_slack
 
@@ -712,7 +762,7 @@ def _cause(checks: list[Check], power: Study, c: Config) -> str:
             if curves:
                 hit = _power_one_at(curves)
                 reason += (f"; GAAVI's power against T reaches {hit[1]:.3f} for every shape by t={hit[0]}" if hit
-                           else f"; GAAVI's power against T stays below 0.995 up to t={c.power_curve_horizon}")
+                           else f"; GAAVI's power against T stays below 0.995 up to t={c.power.curve_horizon}")
             parts.append(reason)
         else:
             parts.append(f"{ch.name}: not diagnosed (bug in our code, or doubtful spec part: the paper's statistic "
@@ -762,10 +812,9 @@ def headline(metrics: Mapping[str, Any]) -> str:
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    _validate(c)
     workdir = epath.Path(workdir)
-    n_tasks = (len(_null_settings(c)) + len(c.shapes) * len(c.signals) + 1 + len(c.trial_deltas)
-               + len(CS_FUNCTIONS) + (len(c.shapes) if c.power_curve_streams else 0))
+    n_tasks = (len(_null_settings(c)) + len(c.power.shapes) * len(c.power.signals) + 1 + len(c.trial.deltas)
+               + len(CS_FUNCTIONS) + (len(c.power.shapes) if c.power.curve_streams else 0))
     bar = tqdm.tqdm(total=n_tasks, desc="anytime_cmf", disable=not c.progress)
     null = null_study(c, workdir, bar)
     power = power_study(c, workdir, bar)
@@ -824,13 +873,14 @@ def _plot_power(power, c: Config, workdir: pathlib.Path) -> str:
     shapes = list(power)
     fig, axes = plotting.subplots(2, len(shapes), figsize=(3.2 * len(shapes), 6.4), squeeze=False)
     t = np.arange(1, c.horizon + 1)
-    top = max(c.signals)
+    top = max(c.power.signals)
     styles = {"gaavi": dict(color="k", lw=2), "oracle": dict(color="tab:green", ls="--"),
               "linear": dict(color="tab:blue"), "discretized": dict(color="tab:orange")}
     for j, s in enumerate(shapes):
         for m, st in styles.items():
             axes[0, j].plot(t, power[s][top][m]["curve"], label=m, **st)
-            axes[1, j].plot(c.signals, [power[s][i][m]["power"] for i in c.signals], marker="o", label=m, **st)
+            axes[1, j].plot(c.power.signals, [power[s][i][m]["power"] for i in c.power.signals], marker="o", label=m,
+                            **st)
         axes[0, j].set(title=f"{s}, I={top:g}", xlabel="t", ylabel="P(rejected by t)")
         axes[1, j].set(xlabel="I = E[mu^2/sigma^2]", ylabel=f"power by T={c.horizon}", xscale="log")
     axes[0, 0].legend(fontsize=7)
@@ -839,13 +889,13 @@ def _plot_power(power, c: Config, workdir: pathlib.Path) -> str:
 
 def _plot_power_vs_t(curves, info, c: Config, workdir: pathlib.Path) -> str:
     fig, ax = plotting.subplots(figsize=(5.5, 3.8))
-    t = np.arange(1, c.power_curve_horizon + 1)
+    t = np.arange(1, c.power.curve_horizon + 1)
     for s, v in curves.items():
         ax.plot(t, v, lw=1.5, label=s)
     ax.axhline(0.9, color="k", ls=":", lw=0.8)
     ax.axvline(c.horizon, color="gray", ls="--", lw=0.8)
     ax.set(xlabel="t", ylabel="P(rejected by t)", ylim=(0, 1.01),
-           title=f"GAAVI power against T, I={info:g} ({c.power_curve_streams} streams)")
+           title=f"GAAVI power against T, I={info:g} ({c.power.curve_streams} streams)")
     ax.legend(fontsize=7)
     return report.savefig(fig, workdir / "power_vs_T.png")
 
@@ -857,7 +907,7 @@ def _plot_oracle(oracle, c: Config, workdir: pathlib.Path) -> str:
     ax.plot(al, [oracle[x]["ratio_planned_rho"] for x in al], marker="s", label="rho planned at 2 log(1/alpha)/I")
     ax.axhline(1.0, color="k", ls="--", lw=0.8)
     ax.set(xscale="log", xlabel="alpha", ylabel="E[tau] I / (2 log(1/alpha))",
-           title=f"oracle weights, I={c.oracle_signal:g}: Gaussian-location rate")
+           title=f"oracle weights, I={c.oracle.signal:g}: Gaussian-location rate")
     ax.invert_xaxis()
     ax.legend(fontsize=7)
     return report.savefig(fig, workdir / "stopping_time.png")
@@ -886,18 +936,20 @@ EXPERIMENT = registry.Experiment(
     slug="anytime_cmf",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(horizon=300, block_size=25, burn_ins=(50, 100), main_burn_in=100, null_streams=64,
-                                null_streams_other=64,
-                                null_noises=("gaussian",), null_dims=(1,), power_streams=32, shapes=("quadratic",),
-                                signals=(0.05,), oracle_streams=32, oracle_alphas=(0.05,), oracle_horizon=300,
-                                trial_deltas=(), cs_streams=32, rff_features=16, power_curve_streams=0,
+        "smoke": lambda: Config(horizon=300, block_size=25, burn_ins=(50, 100), main_burn_in=100,
+                                learner=LearnerConfig(rff_features=16),
+                                null=NullConfig(streams=64, streams_other=64, noises=("gaussian",), dims=(1,)),
+                                power=PowerConfig(streams=32, shapes=("quadratic",), signals=(0.05,), curve_streams=0),
+                                oracle=OracleConfig(streams=32, alphas=(0.05,), horizon=300),
+                                trial=TrialConfig(deltas=()), cs=CSConfig(streams=32),
                                 batch_size=64, progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(horizon=5000, null_streams=10_000, null_streams_other=10_000, power_streams=2000,
-                                oracle_streams=2000, rff_features=64, power_curve_streams=2000,
-                                power_curve_horizon=10_000,
-                                oracle_alphas=(0.05, 1e-2, 1e-3, 1e-4), oracle_horizon=8000, trial_streams=2000,
-                                cs_streams=2000, signals=(0.005, 0.01, 0.02, 0.04), batch_size=1000),
+        "paper": lambda: Config(horizon=5000, learner=LearnerConfig(rff_features=64),
+                                null=NullConfig(streams=10_000, streams_other=10_000),
+                                power=PowerConfig(streams=2000, signals=(0.005, 0.01, 0.02, 0.04), curve_streams=2000,
+                                                  curve_horizon=10_000),
+                                oracle=OracleConfig(streams=2000, alphas=(0.05, 1e-2, 1e-3, 1e-4), horizon=8000),
+                                trial=TrialConfig(streams=2000), cs=CSConfig(streams=2000), batch_size=1000),
     },
     run=run,
 )

@@ -26,6 +26,10 @@ Recipe:
     python -m experiments run benchmark_game --preset smoke   # seconds, used by the tests
     python -m experiments run benchmark_game --preset quick   # 2 CPU cores, about a minute
     python -m experiments run benchmark_game --preset paper   # finer grids, more starts and gaps
+    python -m experiments run benchmark_game --preset smoke --search.grid-points 21   # one field of a section
+
+Config sections (`run benchmark_game --help` lists every field): game, search (the equilibrium searches and
+dynamics of A and B), tbt (B), scaling (C), fig1 (D), flat (E).
 
 Expected (quick): no PNE and cycling at delta = 0; a unique capability-ordered PNE for delta >= delta*
 (about 1.15 for the default instance) with the exhaustive search agreeing with the theory at every
@@ -53,74 +57,124 @@ from experiments.checks import Check
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """benchmark_game settings (every field can be overridden on the command line)."""
+class GameConfig:
+    """The game (on the command line ``--game.cost-power 2``): v = theta + A (1 - exp(-x)),
+    c(e) = cost_scale * e^cost_power, rewards (2R, R, 0)-style: R_k = reward_unit * (n - 1 - k)."""
 
-    # The game: v = theta + A (1 - exp(-x)), c(e) = cost_scale * e^cost_power, rewards (2R, R, 0)-style:
-    # R_k = reward_unit * (n - 1 - k).
     thetas: tuple[float, ...] = (1.0, 0.8, 0.6)
     amplitude: float = 1.0
     reward_unit: float = 1.0
     cost_scale: float = 1.0
     cost_power: float = 1.0
-    # A. Standard protocol.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SearchConfig:
+    """The equilibrium searches and best-response dynamics of parts A (standard protocol) and B (TbT)
+    (``--search.grid-points 101``)."""
+
     full_grid_points: int = 61  # full G^n enumeration
     grid_points: int = 301  # pruned exhaustive search, dynamics
     dynamics_rounds: int = 400
     num_starts: int = 16
-    # B. TbT sweep.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TbTConfig:
+    """B. The tune-before-test sweep over delta (``--tbt.num-deltas 11``)."""
+
     num_deltas: int = 31
     delta_max: float = 3.0
-    tbt_margin: float = 1.25  # dynamics and full search at delta = tbt_margin * delta*
-    # C. Threshold scaling (two providers, generalized logit with monotone alpha, common L, U, beta).
-    scaling_alpha: tuple[float, ...] = (0.5, 0.0)
-    scaling_beta: float = 0.5
-    scaling_lower: float = 0.5
-    scaling_upper: float = 1.0
-    scaling_cost_powers: tuple[float, ...] = (1.0, 2.0)
-    scaling_gap_min: float = 10.0
-    scaling_gap_max: float = 1e4
-    scaling_num_gaps: int = 10
-    scaling_max_delta: float = 1e7
-    # D. Synthetic Fig. 1 (illustrative parameters, not the paper's data).
-    fig1_models: tuple[str, ...] = ("0.5B", "1.5B", "3B", "7B", "14B")
-    fig1_zero_shot: tuple[float, ...] = (0.56, 0.65, 0.70, 0.76, 0.81)
-    fig1_chance: float = 0.5
-    fig1_upper: float = 0.95
-    fig1_beta: float = 0.25
-    fig1_max_steps: float = 3000.0
-    fig1_checkpoints: int = 31
-    fig1_eval_size: int = 1267  # Winogrande dev-set size
-    fig1_tbt_level: float = 3000.0
-    fig1_num_tbt: int = 31
-    fig1_fit_iters: int = 300
-    # E. Flat-cost caveat (two providers, v = 1 - exp(-(theta + x))).
-    flat_thetas: tuple[float, ...] = (1.0, 0.5)
-    flat_rewards: tuple[float, ...] = (0.1, 0.0)
-    flat_grid_points: int = 41
+    margin: float = 1.25  # dynamics and full search at delta = margin * delta*
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScalingConfig:
+    """C. Threshold scaling: two providers, generalized logit with monotone alpha, common lower / upper / beta
+    (``--scaling.num-gaps 6``)."""
+
+    alpha: tuple[float, ...] = (0.5, 0.0)
+    beta: float = 0.5
+    lower: float = 0.5
+    upper: float = 1.0
+    cost_powers: tuple[float, ...] = (1.0, 2.0)
+    gap_min: float = 10.0
+    gap_max: float = 1e4
+    num_gaps: int = 10
+    max_delta: float = 1e7
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Fig1Config:
+    """D. Synthetic Fig. 1: illustrative parameters, not the paper's data (``--fig1.fit-iters 100``)."""
+
+    models: tuple[str, ...] = ("0.5B", "1.5B", "3B", "7B", "14B")
+    zero_shot: tuple[float, ...] = (0.56, 0.65, 0.70, 0.76, 0.81)
+    chance: float = 0.5
+    upper: float = 0.95
+    beta: float = 0.25
+    max_steps: float = 3000.0
+    checkpoints: int = 31
+    eval_size: int = 1267  # Winogrande dev-set size
+    tbt_level: float = 3000.0
+    num_tbt: int = 31
+    fit_iters: int = 300
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FlatCostConfig:
+    """E. The flat-cost caveat: two providers, v = 1 - exp(-(theta + x)) (``--flat.grid-points 21``)."""
+
+    thetas: tuple[float, ...] = (1.0, 0.5)
+    rewards: tuple[float, ...] = (0.1, 0.0)
+    grid_points: int = 41
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """benchmark_game settings (every field can be overridden on the command line; sections as
+    ``--search.grid-points 101``)."""
+
+    game: GameConfig = GameConfig()
+    search: SearchConfig = SearchConfig()  # A (and B's searches)
+    tbt: TbTConfig = TbTConfig()  # B
+    scaling: ScalingConfig = ScalingConfig()  # C
+    fig1: Fig1Config = Fig1Config()  # D
+    flat: FlatCostConfig = FlatCostConfig()  # E
     seed: int = 0
     progress: bool = True
+
+    def __post_init__(self):
+        if len(self.game.thetas) < 2:
+            raise registry.ConfigError("game.thetas", f"must name at least two providers; got {self.game.thetas}")
 
 
 PAPER_FIG1_STEPS = 384_668  # minimum adjacent catch-up effort at TbT = 3000 steps (Fig. 1, Sec. 5.1)
 
 
 def _rewards(c: Config) -> np.ndarray:
-    n = len(c.thetas)
-    return c.reward_unit * np.arange(n - 1, -1, -1, dtype=np.float64)
+    n = len(c.game.thetas)
+    return c.game.reward_unit * np.arange(n - 1, -1, -1, dtype=np.float64)
 
 
 def _cost(c: Config):
-    return bg.LinearCost(c.cost_scale) if c.cost_power == 1.0 else bg.PowerCost(c.cost_scale, c.cost_power)
+    g = c.game
+    return bg.LinearCost(g.cost_scale) if g.cost_power == 1.0 else bg.PowerCost(g.cost_scale, g.cost_power)
 
 
 def _max_useful_effort(c: Config, rewards: np.ndarray) -> float:
     """c^{-1}(R_1 - R_n): larger efforts are strictly dominated by zero effort."""
-    return float(((rewards[0] - rewards[-1]) / c.cost_scale) ** (1.0 / c.cost_power))
+    return float(((rewards[0] - rewards[-1]) / c.game.cost_scale) ** (1.0 / c.game.cost_power))
 
 
 def _random_profiles(key, num: int, n: int, g: int) -> np.ndarray:
     return np.asarray(jax.random.randint(key, (num, n), 0, g), np.int32)
+
+
+def _starts(c: Config, key, n: int) -> np.ndarray:
+    """[num_starts, n] grid-index profiles where best-response dynamics start: all-zero, then random ones."""
+    return np.concatenate([np.zeros((1, n), np.int32),
+                           _random_profiles(key, c.search.num_starts - 1, n, c.search.grid_points)])
 
 
 def _dynamics_stats(game, starts: np.ndarray, rounds: int) -> dict:
@@ -143,23 +197,23 @@ def _dynamics_stats(game, starts: np.ndarray, rounds: int) -> dict:
 
 
 def _part_a(c: Config, curves, cost, rewards, e_max, key) -> tuple[dict, dict]:
-    n = len(c.thetas)
+    n = len(c.game.thetas)
     gaps = rewards[:-1] - rewards[1:]
     e_req = np.asarray(bg.just_overtake_efforts(curves, delta=0.0), np.float64)
     c_req = np.asarray(cost(jnp.asarray(e_req)), np.float64)
     thm46_no_pne = bool(np.any(c_req < gaps))
-    game_full = bg.make_game(curves, cost, rewards, bg.effort_grid(e_max, c.full_grid_points))
-    game = bg.make_game(curves, cost, rewards, bg.effort_grid(e_max, c.grid_points))
+    game_full = bg.make_game(curves, cost, rewards, bg.effort_grid(e_max, c.search.full_grid_points))
+    game = bg.make_game(curves, cost, rewards, bg.effort_grid(e_max, c.search.grid_points))
     eq_full = bg.find_pure_equilibria(game_full, method="full", progress=c.progress)
     eq_pruned = bg.find_pure_equilibria(game, method="pruned", progress=c.progress)
-    starts = np.concatenate([np.zeros((1, n), np.int32), _random_profiles(key, c.num_starts - 1, n, c.grid_points)])
-    dyn = _dynamics_stats(game, starts, c.dynamics_rounds)
-    traj = np.asarray(bg.best_response_dynamics(game, jnp.zeros(n, jnp.int32), num_rounds=c.dynamics_rounds))
+    starts = _starts(c, key, n)
+    dyn = _dynamics_stats(game, starts, c.search.dynamics_rounds)
+    traj = np.asarray(bg.best_response_dynamics(game, jnp.zeros(n, jnp.int32), num_rounds=c.search.dynamics_rounds))
     metrics = {
         "e_req_delta0": e_req.tolist(), "cost_e_req_delta0": c_req.tolist(), "reward_gaps": gaps.tolist(),
         "thm46_predicts_no_pne": thm46_no_pne,
         "continuous_zero_is_pne": bool(bg.zero_profile_is_pne(curves, cost, rewards, delta=0.0)),
-        "full_grid_points": c.full_grid_points, "full_profiles_checked": c.full_grid_points ** n,
+        "full_grid_points": c.search.full_grid_points, "full_profiles_checked": c.search.full_grid_points ** n,
         "num_pne_full": int(eq_full.shape[0]), "num_pne_pruned": int(eq_pruned.shape[0]),
         "num_pne_predicted_grid": int(bg.predicted_equilibria(game).shape[0]),
         "dynamics": {k: v for k, v in dyn.items() if k != "fixed_points"},
@@ -168,17 +222,17 @@ def _part_a(c: Config, curves, cost, rewards, e_max, key) -> tuple[dict, dict]:
 
 
 def _part_b(c: Config, curves, cost, rewards, e_max, key, delta_star: float) -> tuple[dict, dict]:
-    n = len(c.thetas)
+    n = len(c.game.thetas)
     gaps = rewards[:-1] - rewards[1:]
-    deltas = np.linspace(0.0, c.delta_max, c.num_deltas)
+    deltas = np.linspace(0.0, c.tbt.delta_max, c.tbt.num_deltas)
     rows = []
     it = deltas
     if c.progress:
         from tqdm.auto import tqdm
         it = tqdm(deltas, desc="TbT sweep")
-    quality = np.argsort(-np.asarray(c.thetas), kind="stable")
+    quality = np.argsort(-np.asarray(c.game.thetas), kind="stable")
     for d in it:
-        game = bg.make_game(curves, cost, rewards, bg.effort_grid(e_max, c.grid_points), delta=float(d))
+        game = bg.make_game(curves, cost, rewards, bg.effort_grid(e_max, c.search.grid_points), delta=float(d))
         eq = bg.find_pure_equilibria(game, method="pruned")
         pred = bg.predicted_equilibria(game)
         cont = bool(bg.zero_profile_is_pne(curves, cost, rewards, delta=float(d)))
@@ -195,16 +249,17 @@ def _part_b(c: Config, curves, cost, rewards, e_max, key, delta_star: float) -> 
     monotone = lambda xs: all(b >= a for a, b in zip(xs, xs[1:]))
     mismatch = [r["delta"] for r in rows if (r["num_pne"] > 0) != r["continuous_stable"]]
     # Above delta*: full enumeration, uniqueness, ranking, dynamics.
-    d_tbt = c.tbt_margin * delta_star if math.isfinite(delta_star) else c.delta_max
-    game_full = bg.make_game(curves, cost, rewards, bg.effort_grid(e_max, c.full_grid_points), delta=d_tbt)
+    d_tbt = c.tbt.margin * delta_star if math.isfinite(delta_star) else c.tbt.delta_max
+    game_full = bg.make_game(curves, cost, rewards, bg.effort_grid(e_max, c.search.full_grid_points), delta=d_tbt)
     eq_full = bg.find_pure_equilibria(game_full, method="full", progress=c.progress)
-    game = bg.make_game(curves, cost, rewards, bg.effort_grid(e_max, c.grid_points), delta=d_tbt)
-    starts = np.concatenate([np.zeros((1, n), np.int32), _random_profiles(key, c.num_starts - 1, n, c.grid_points)])
-    dyn = _dynamics_stats(game, starts, c.dynamics_rounds)
+    game = bg.make_game(curves, cost, rewards, bg.effort_grid(e_max, c.search.grid_points), delta=d_tbt)
+    starts = _starts(c, key, n)
+    dyn = _dynamics_stats(game, starts, c.search.dynamics_rounds)
     finals_ranked = [fp is not None and not fp.any()
                      and np.array_equal(np.asarray(bg.ranking(game, jnp.asarray(fp))), quality)
                      for fp in dyn["fixed_points"]]
-    traj = np.asarray(bg.best_response_dynamics(game, jnp.asarray(starts[1]), num_rounds=min(c.dynamics_rounds, 20)))
+    traj = np.asarray(bg.best_response_dynamics(game, jnp.asarray(starts[1]),
+                                                num_rounds=min(c.search.dynamics_rounds, 20)))
     metrics = {
         "delta_star": delta_star, "tbt_delta": d_tbt, "sweep": rows,
         "sweep_grid_theory_agreement": sum(r["grid_theory_agrees"] for r in rows) / len(rows),
@@ -224,14 +279,14 @@ def _part_b(c: Config, curves, cost, rewards, e_max, key, delta_star: float) -> 
 
 
 def _part_c(c: Config) -> tuple[dict, dict]:
-    alpha = jnp.asarray(c.scaling_alpha)
-    curves = bg.GeneralizedLogit(c.scaling_lower, c.scaling_upper, alpha, c.scaling_beta)
-    gaps = np.geomspace(c.scaling_gap_min, c.scaling_gap_max, c.scaling_num_gaps)
-    rho = math.exp((c.scaling_alpha[0] - c.scaling_alpha[1]) / c.scaling_beta) - 1.0
+    alpha = jnp.asarray(c.scaling.alpha)
+    curves = bg.GeneralizedLogit(c.scaling.lower, c.scaling.upper, alpha, c.scaling.beta)
+    gaps = np.geomspace(c.scaling.gap_min, c.scaling.gap_max, c.scaling.num_gaps)
+    rho = math.exp((c.scaling.alpha[0] - c.scaling.alpha[1]) / c.scaling.beta) - 1.0
     out, curves_out = {}, {}
-    for p in c.scaling_cost_powers:
+    for p in c.scaling.cost_powers:
         cost = bg.LinearCost(1.0) if p == 1.0 else bg.PowerCost(1.0, p)
-        ds = np.array([bg.stabilizing_tbt_level(curves, cost, jnp.asarray([lam, 0.0]), max_delta=c.scaling_max_delta)
+        ds = np.array([bg.stabilizing_tbt_level(curves, cost, jnp.asarray([lam, 0.0]), max_delta=c.scaling.max_delta)
                        for lam in gaps])
         ok = np.isfinite(ds) & (ds > 0)
         half = ok & (gaps >= np.sqrt(gaps[0] * gaps[-1]))
@@ -243,7 +298,8 @@ def _part_c(c: Config) -> tuple[dict, dict]:
     # Third-party counterexample: v = 1 - 1/(2 + x + theta) in generalized-logit form, theta = (1, 0).
     th = np.array([1.0, 0.0])
     cex = bg.GeneralizedLogit(jnp.asarray(th / (1 + th)), 1.0, jnp.asarray(-np.log1p(th)), 1.0, 1.0)
-    cex_delta = bg.stabilizing_tbt_level(cex, bg.LinearCost(1.0), jnp.asarray([2.0, 0.0]), max_delta=c.scaling_max_delta)
+    cex_delta = bg.stabilizing_tbt_level(cex, bg.LinearCost(1.0), jnp.asarray([2.0, 0.0]),
+                                         max_delta=c.scaling.max_delta)
     cex_ereq = [float(bg.just_overtake_efforts(cex, delta=d)[0]) for d in (0.0, 10.0, 1000.0)]
     metrics = {"gaps": gaps.tolist(), "rho": rho, "by_cost_power": out,
                "counterexample_delta_star": cex_delta, "counterexample_e_req_at_0_10_1000": cex_ereq}
@@ -251,26 +307,26 @@ def _part_c(c: Config) -> tuple[dict, dict]:
 
 
 def _part_d(c: Config, key) -> tuple[dict, dict]:
-    acc0 = np.asarray(c.fig1_zero_shot, np.float64)
-    frac = (acc0 - c.fig1_chance) / (c.fig1_upper - c.fig1_chance)
+    acc0 = np.asarray(c.fig1.zero_shot, np.float64)
+    frac = (acc0 - c.fig1.chance) / (c.fig1.upper - c.fig1.chance)
     alpha = np.log(frac / (1 - frac))  # v(0) = acc0 with log(1 + 0) = 0
-    true = bg.GeneralizedLogit(c.fig1_chance, c.fig1_upper, jnp.asarray(alpha), c.fig1_beta)
+    true = bg.GeneralizedLogit(c.fig1.chance, c.fig1.upper, jnp.asarray(alpha), c.fig1.beta)
     m = len(acc0)
-    steps = np.linspace(0.0, c.fig1_max_steps, c.fig1_checkpoints)
+    steps = np.linspace(0.0, c.fig1.max_steps, c.fig1.checkpoints)
     clean = np.asarray(true(jnp.broadcast_to(jnp.asarray(steps), (m, steps.shape[0]))), np.float64)
-    counts = np.asarray(jax.random.binomial(key, c.fig1_eval_size, jnp.asarray(clean)), np.float64)
-    obs = np.clip(counts / c.fig1_eval_size, 1e-3, 1 - 1e-3)
-    fits = {"per_model": bg.fit_generalized_logit(steps, obs, lower=c.fig1_chance, num_steps=c.fig1_fit_iters),
-            "shared_U_beta": bg.fit_generalized_logit(steps, obs, lower=c.fig1_chance, share_upper=True,
-                                                     share_beta=True, num_steps=c.fig1_fit_iters)}
-    tbt = np.linspace(0.0, c.fig1_tbt_level, c.fig1_num_tbt)
+    counts = np.asarray(jax.random.binomial(key, c.fig1.eval_size, jnp.asarray(clean)), np.float64)
+    obs = np.clip(counts / c.fig1.eval_size, 1e-3, 1 - 1e-3)
+    fits = {"per_model": bg.fit_generalized_logit(steps, obs, lower=c.fig1.chance, num_steps=c.fig1.fit_iters),
+            "shared_U_beta": bg.fit_generalized_logit(steps, obs, lower=c.fig1.chance, share_upper=True,
+                                                     share_beta=True, num_steps=c.fig1.fit_iters)}
+    tbt = np.linspace(0.0, c.fig1.tbt_level, c.fig1.num_tbt)
     quality = jnp.asarray(acc0)
 
     def min_catchup(curves):
         return np.array([float(jnp.min(bg.just_overtake_efforts(curves, delta=float(d), quality=quality))) for d in tbt])
 
     series = {"true": min_catchup(true)}
-    metrics = {"models": list(c.fig1_models), "true_min_catchup_at_tbt": float(series["true"][-1])}
+    metrics = {"models": list(c.fig1.models), "true_min_catchup_at_tbt": float(series["true"][-1])}
     for name, fit in fits.items():
         series[name] = min_catchup(fit)
         pred = np.asarray(fit(jnp.broadcast_to(jnp.asarray(steps), obs.shape)), np.float64)
@@ -279,20 +335,20 @@ def _part_d(c: Config, key) -> tuple[dict, dict]:
         metrics[f"{name}_upper"] = np.asarray(fit.upper).tolist()
         metrics[f"{name}_beta"] = np.asarray(fit.beta).tolist()
     metrics["paper_min_catchup_at_tbt"] = PAPER_FIG1_STEPS
-    metrics["tbt_level"] = c.fig1_tbt_level
+    metrics["tbt_level"] = c.fig1.tbt_level
     return metrics, {"steps": steps, "obs": obs, "true": true, "fits": fits, "tbt": tbt, "series": series}
 
 
 def _part_e(c: Config) -> dict:
-    th = jnp.asarray(c.flat_thetas)
+    th = jnp.asarray(c.flat.thetas)
     curves = bg.ExpCapability(th)
-    rewards = jnp.asarray(c.flat_rewards)
-    grid = bg.effort_grid(2.0, c.flat_grid_points)
+    rewards = jnp.asarray(c.flat.rewards)
+    grid = bg.effort_grid(2.0, c.flat.grid_points)
     out = {}
     for name, cost in (("flat_then_quadratic", bg.FlatThenQuadratic(1.0)), ("linear", bg.LinearCost(1.0))):
         game = bg.make_game(curves, cost, rewards, grid)
         eq = bg.find_pure_equilibria(game, method="full")
-        quality = np.argsort(-np.asarray(c.flat_thetas), kind="stable")
+        quality = np.argsort(-np.asarray(c.flat.thetas), kind="stable")
         inverted = sum(not np.array_equal(np.asarray(bg.ranking(game, jnp.asarray(p))), quality) for p in eq)
         rep = bg.check_assumptions(curves, cost, rewards, grid, strict_cost=True)
         out[name] = {"num_pne": int(eq.shape[0]), "num_nonzero_pne": int(np.sum(eq.any(axis=1))),
@@ -316,15 +372,13 @@ def headline(metrics: Mapping[str, Any]) -> str:
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
     t0 = time.time()
-    if len(c.thetas) < 2:
-        raise ValueError(f"thetas must name at least two providers; got {c.thetas}")
     key_a, key_b, key_d = jax.random.split(jax.random.key(c.seed), 3)
-    curves = bg.ExpSaturating(jnp.asarray(c.thetas), c.amplitude)
+    curves = bg.ExpSaturating(jnp.asarray(c.game.thetas), c.game.amplitude)
     cost = _cost(c)
     rewards = _rewards(c)
     e_max = _max_useful_effort(c, rewards)
-    assumptions = bg.check_assumptions(curves, cost, rewards, bg.effort_grid(e_max + c.delta_max, 201))
-    delta_star = bg.stabilizing_tbt_level(curves, cost, rewards, max_delta=max(10 * c.delta_max, 100.0))
+    assumptions = bg.check_assumptions(curves, cost, rewards, bg.effort_grid(e_max + c.tbt.delta_max, 201))
+    delta_star = bg.stabilizing_tbt_level(curves, cost, rewards, max_delta=max(10 * c.tbt.delta_max, 100.0))
     a, a_plot = _part_a(c, curves, cost, rewards, e_max, key_a)
     b, b_plot = _part_b(c, curves, cost, rewards, e_max, key_b, delta_star)
     cm, c_plot = _part_c(c)
@@ -333,12 +387,12 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
 
     dyn_a, dyn_b = a["dynamics"], b["tbt_dynamics"]
     lens = dyn_a["cycle_lengths"]
-    grid_cause = f"scale limit (the {c.grid_points}-point effort grid discretizes the continuous game)"
+    grid_cause = f"scale limit (the {c.search.grid_points}-point effort grid discretizes the continuous game)"
     std_checks = [
         Check(f"standard protocol (delta=0): PNE among all {a['full_profiles_checked']:,} profiles of the "
-              f"{c.full_grid_points}-point grid", a["num_pne_full"], "no PNE (Thm. 4.6)", "== 0",
+              f"{c.search.full_grid_points}-point grid", a["num_pne_full"], "no PNE (Thm. 4.6)", "== 0",
               a["num_pne_full"] == 0),
-        Check(f"standard protocol (delta=0): PNE found by the pruned search on the {c.grid_points}-point grid",
+        Check(f"standard protocol (delta=0): PNE found by the pruned search on the {c.search.grid_points}-point grid",
               a["num_pne_pruned"], "no PNE (Thm. 4.6)", "== 0", a["num_pne_pruned"] == 0),
         Check("Thm. 4.6 condition: min over ranks of c(e_req_r) - (R_{r-1} - R_r)",
               float(min(np.asarray(a["cost_e_req_delta0"]) - np.asarray(a["reward_gaps"]))),
@@ -351,7 +405,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     tbt_checks = [
         Check("tune-before-test: stabilizing level delta*", delta_star, "finite (Prop. 5.3)", "finite",
               math.isfinite(delta_star)),
-        Check(f"tune-before-test at delta={b['tbt_delta']:.2f}: PNE among all {c.full_grid_points}-point grid "
+        Check(f"tune-before-test at delta={b['tbt_delta']:.2f}: PNE among all {c.search.full_grid_points}-point grid "
               "profiles", b["tbt_num_pne_full"], "unique, zero effort", "exactly 1, the all-zero profile",
               b["tbt_pne_full_is_zero"]),
         Check("TbT sweep: the PNE is unique and zero-effort whenever one exists", b["sweep_unique_whenever_stable"],
@@ -360,7 +414,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
               "ranking by capability", "True", b["sweep_quality_order_whenever_stable"]),
         Check("TbT sweep: stability is monotone in delta (grid search)", b["sweep_stability_monotone_grid"],
               "stable for every delta >= delta*", "True", b["sweep_stability_monotone_grid"]),
-        Check(f"TbT sweep: share of the {c.num_deltas} levels where the exhaustive search equals the grid theory",
+        Check(f"TbT sweep: share of the {c.tbt.num_deltas} levels where the exhaustive search equals the grid theory",
               b["sweep_grid_theory_agreement"], "the theory's equilibria", "== 1",
               b["sweep_grid_theory_agreement"] == 1.0),
         Check(f"tune-before-test at delta={b['tbt_delta']:.2f}: best-response dynamics reach the quality-ordered "
@@ -385,7 +439,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     causes[tbt_checks[0].name] = "doubtful spec part (the spec's instance has no stabilizing level)"
     causes[tbt_checks[5].name] = "bug in our code (the exhaustive search and the grid theory must agree exactly)"
     for ch in scaling_checks:
-        causes[ch.name] = f"scale limit (reward gaps up to {c.scaling_gap_max:g} may not reach the asymptote)"
+        causes[ch.name] = f"scale limit (reward gaps up to {c.scaling.gap_max:g} may not reach the asymptote)"
     cause = "; ".join(f"{ch.name}: {causes[ch.name]}" for ch in checks if ch.required and not ch.passed)
     context = (
         f"Standard protocol (delta=0): best responses cycle from {dyn_a['num_cycling']}/{dyn_a['num_starts']} starts "
@@ -393,7 +447,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         f"c(e_req)={min(a['cost_e_req_delta0']):.3f} < reward gap {min(a['reward_gaps']):g}. "
         f"Tune-before-test: delta*={delta_star:.3f}. "
         f"Synthetic Fig. 1 (made-up curves; paper {PAPER_FIG1_STEPS:,}): min catch-up at "
-        f"TbT {c.fig1_tbt_level:g} is {d['true_min_catchup_at_tbt']:,.0f} steps (true curves), "
+        f"TbT {c.fig1.tbt_level:g} is {d['true_min_catchup_at_tbt']:,.0f} steps (true curves), "
         f"{d['shared_U_beta_min_catchup_at_tbt']:,.0f} (shared-U fit), {d['per_model_min_catchup_at_tbt']:,.0f} "
         f"(per-model fit)."
     )
@@ -419,8 +473,8 @@ def _plot_standard(p, c: Config) -> str:
     scores = np.asarray(game.scores)[np.arange(n)[None, :], traj[:steps]]
     fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(10, 3.4))
     for i in range(n):
-        ax1.plot(eff[:, i], label=f"theta={c.thetas[i]:g}")
-        ax2.plot(scores[:, i], label=f"theta={c.thetas[i]:g}")
+        ax1.plot(eff[:, i], label=f"theta={c.game.thetas[i]:g}")
+        ax2.plot(scores[:, i], label=f"theta={c.game.thetas[i]:g}")
     ax1.set(xlabel="best-response step", ylabel="effort e_i", title="delta = 0: best responses cycle")
     ax2.set(xlabel="best-response step", ylabel="score v(theta_i, e_i)", title="leaderboard scores")
     ax1.legend(fontsize=8)
@@ -476,7 +530,7 @@ def _plot_fig1(p, c: Config) -> str:
     fit_y = np.asarray(p["fits"]["per_model"](jnp.broadcast_to(jnp.asarray(xs), (m, xs.shape[0]))))
     for i in range(m):
         ax1.plot(steps, obs[i], ".", color=f"C{i}", ms=3)
-        ax1.plot(xs, true_y[i], "-", color=f"C{i}", lw=0.8, label=c.fig1_models[i])
+        ax1.plot(xs, true_y[i], "-", color=f"C{i}", lw=0.8, label=c.fig1.models[i])
         ax1.plot(xs, fit_y[i], "--", color=f"C{i}", lw=0.8)
     ax1.set(xlabel="post-training steps", ylabel="accuracy", title="synthetic curves (-), per-model fits (--)")
     ax1.legend(fontsize=7)
@@ -500,12 +554,16 @@ EXPERIMENT = registry.Experiment(
     slug="benchmark_game",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(full_grid_points=13, grid_points=41, dynamics_rounds=60, num_starts=3,
-                                num_deltas=5, scaling_num_gaps=4, fig1_checkpoints=11, fig1_num_tbt=4,
-                                fig1_fit_iters=40, flat_grid_points=11, progress=False),
+        "smoke": lambda: Config(search=SearchConfig(full_grid_points=13, grid_points=41, dynamics_rounds=60,
+                                                    num_starts=3),
+                                tbt=TbTConfig(num_deltas=5), scaling=ScalingConfig(num_gaps=4),
+                                fig1=Fig1Config(checkpoints=11, num_tbt=4, fit_iters=40),
+                                flat=FlatCostConfig(grid_points=11), progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(full_grid_points=101, grid_points=1001, dynamics_rounds=1200, num_starts=64,
-                                num_deltas=61, scaling_num_gaps=16, fig1_fit_iters=1000, flat_grid_points=81),
+        "paper": lambda: Config(search=SearchConfig(full_grid_points=101, grid_points=1001, dynamics_rounds=1200,
+                                                    num_starts=64),
+                                tbt=TbTConfig(num_deltas=61), scaling=ScalingConfig(num_gaps=16),
+                                fig1=Fig1Config(fit_iters=1000), flat=FlatCostConfig(grid_points=81)),
     },
     run=_run,
 )

@@ -26,6 +26,10 @@ Recipe:
     python -m experiments run spf --preset smoke    # seconds, used by the tests
     python -m experiments run spf --preset quick    # a few minutes on 2 CPU cores
     python -m experiments run spf --preset paper    # n = 10, K = 100, 256 paths, 2000 episodes
+    python -m experiments run spf --preset smoke --train.num-episodes 2   # one field of a config section
+
+Config sections (`run spf --help` lists every field): drift (of the data), sde (the neural SDE), train
+(SPF and PDM), baselines (PSG, Legendre path), eval, runtime (the sweep over the width).
 
 Expected (quick): SPF and PDM track the optimum far better than PSG; SPF's runtime
 grows much less with phi than forward-sensitivity PDM.
@@ -53,26 +57,30 @@ PROBLEMS = ("least_squares", "logistic")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """spf settings (every field can be overridden on the command line)."""
+class DriftConfig:
+    """The drift of the data distribution (both problems; on the command line ``--drift.omega 3.0``)."""
 
-    problems: tuple[str, ...] = PROBLEMS
-    dim: int = 4
-    num_steps: int = 50
-    horizon: float = 1.0
-    start_at_optimum: bool = True
-    # Drift of the data distribution.
     amplitude: float = 1.0
     omega: float = 2 * math.pi
     noise_std: float = 1.0
     logistic_l2: float = 0.1
     logistic_offset: float = 1.0
-    # Neural SDE.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SDEConfig:
+    """The neural SDE shared by SPF and PDM (``--sde.width 64``)."""
+
     width: int = 32
     depth: int = 2
     time_features: int = 2
     sigma_init: float = 0.1
-    # Training (SPF and PDM).
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Training of SPF and PDM (``--train.num-episodes 200``)."""
+
     num_episodes: int = 400
     num_paths: int = 64
     learning_rate: float = 3e-3
@@ -83,49 +91,83 @@ class Config:
     pdm_matches_spf_data: bool = True  # PDM gets as many samples per point as SPF's two replicas
     lr_decay: float = 1.0  # final / initial learning rate (cosine); 1 = constant
     num_seeds: int = 2  # training seeds for SPF and PDM (paired); metrics are seed means
-    ablation_problems: tuple[str, ...] = ("least_squares",)
-    # Baselines.
+    ablation_problems: tuple[str, ...] = ("least_squares",)  # where SPF also trains with lambda = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BaselineConfig:
+    """The baselines: online PSG (oracle-tuned) and the Legendre-polynomial path (``--baselines.psg-tune-runs 32``)."""
+
     psg_step_sizes: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.7, 1.0, 1.5, 2.5)
     psg_averagings: tuple[float, ...] = (1.0, 0.5, 0.25)
     psg_tune_runs: int = 64
     psg_large_batch: bool = True  # also run PSG with as many samples per step as SPF has paths
     parametric_degree: int = 8
     parametric_learning_rate: float = 3e-2
-    # Evaluation.
-    eval_paths: int = 256
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """Evaluation on fresh paths (``--eval.num-paths 512``)."""
+
+    num_paths: int = 256
     pdm_tolerance: float = 0.25  # SPF counts as "at least as good as PDM" within this relative margin
-    # Runtime sweep over the network width (parameter dimension phi).
-    runtime_widths: tuple[int, ...] = (8, 32, 128)
-    runtime_forward_max_params: int = 50_000
-    runtime_reps: int = 3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    """The runtime sweep over the network width, i.e. the parameter dimension phi (``--runtime.widths 8 128``)."""
+
+    widths: tuple[int, ...] = (8, 32, 128)  # () skips the sweep
+    forward_max_params: int = 50_000  # forward-sensitivity PDM only up to this phi
+    reps: int = 3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """spf settings (every field can be overridden on the command line; sections as ``--train.num-episodes 2``)."""
+
+    problems: tuple[str, ...] = PROBLEMS
+    dim: int = 4
+    num_steps: int = 50
+    horizon: float = 1.0
+    start_at_optimum: bool = True
+    drift: DriftConfig = DriftConfig()
+    sde: SDEConfig = SDEConfig()
+    train: TrainConfig = TrainConfig()
+    baselines: BaselineConfig = BaselineConfig()
+    eval: EvalConfig = EvalConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
     seed: int = 0
     progress: bool = True
     fast_compile: bool = False  # cheaper XLA compilation (spf.FAST_COMPILE): for smoke runs
 
     def __post_init__(self):
-        unknown = [p for p in self.problems + self.ablation_problems if p not in PROBLEMS]
-        if unknown or not self.problems:
-            raise ValueError(f"problems must be a non-empty subset of {PROBLEMS}; got problems={self.problems}, "
-                             f"ablation_problems={self.ablation_problems}")
-        if self.data_batch < 1:
-            raise ValueError(f"data_batch must be >= 1; got data_batch={self.data_batch}")
-        if self.num_seeds < 1:
-            raise ValueError(f"num_seeds must be >= 1; got {self.num_seeds}")
-        if self.spf_loss not in spf.LOSSES:
-            raise ValueError(f"spf_loss must be one of {spf.LOSSES}; got {self.spf_loss!r}")
+        if not self.problems or any(p not in PROBLEMS for p in self.problems):
+            raise registry.ConfigError("problems", f"must be a non-empty subset of {PROBLEMS}; got {self.problems}")
+        if any(p not in PROBLEMS for p in self.train.ablation_problems):
+            raise registry.ConfigError("train.ablation_problems",
+                                       f"must be a subset of {PROBLEMS}; got {self.train.ablation_problems}")
+        if self.train.data_batch < 1:
+            raise registry.ConfigError("train.data_batch", f"must be >= 1; got {self.train.data_batch}")
+        if self.train.num_seeds < 1:
+            raise registry.ConfigError("train.num_seeds", f"must be >= 1; got {self.train.num_seeds}")
+        if self.train.spf_loss not in spf.LOSSES:
+            raise registry.ConfigError("train.spf_loss", f"must be one of {spf.LOSSES}; got {self.train.spf_loss!r}")
 
 
 def _problem(c: Config, name: str, key) -> spf.TVSOProblem:
+    d = c.drift
     if name == "least_squares":
-        return spf.least_squares_recovery(key, c.dim, amplitude=c.amplitude, omega=c.omega, noise_std=c.noise_std,
+        return spf.least_squares_recovery(key, c.dim, amplitude=d.amplitude, omega=d.omega, noise_std=d.noise_std,
                                           horizon=c.horizon)
-    return spf.logistic_regression_drift(key, c.dim, l2=c.logistic_l2, amplitude=c.amplitude, omega=c.omega,
-                                         offset=c.logistic_offset, horizon=c.horizon)
+    return spf.logistic_regression_drift(key, c.dim, l2=d.logistic_l2, amplitude=d.amplitude, omega=d.omega,
+                                         offset=d.logistic_offset, horizon=c.horizon)
 
 
 def _sde(c: Config, width: int | None = None) -> spf.NeuralSDE:
-    return spf.NeuralSDE(dim=c.dim, width=width or c.width, depth=c.depth, time_features=c.time_features,
-                         horizon=c.horizon, sigma_init=c.sigma_init)
+    return spf.NeuralSDE(dim=c.dim, width=width or c.sde.width, depth=c.sde.depth, time_features=c.sde.time_features,
+                         horizon=c.horizon, sigma_init=c.sde.sigma_init)
 
 
 def _compiler_options(c: Config) -> dict | None:
@@ -133,20 +175,21 @@ def _compiler_options(c: Config) -> dict | None:
 
 
 def _pdm_data_batch(c: Config) -> int:
-    replicas = 1 if c.spf_loss == "objective" else 2
-    return c.data_batch * (replicas if c.pdm_matches_spf_data else 1)
+    replicas = 1 if c.train.spf_loss == "objective" else 2
+    return c.train.data_batch * (replicas if c.train.pdm_matches_spf_data else 1)
 
 
 def _train(c: Config, problem, sde, x0, ts, key, method, *, malliavin_weight=None):
     # Sequential runs through train_path_follower, whose jitted update is cached per (method, lambda), so the
     # seeds share one compilation. (A vmapped trainer over seeds and lambdas was 2-3x faster per run but
     # hung inside the XLA CPU runtime, intermittently, on the loaded 2-core machine.)
+    t = c.train
     return spf.train_path_follower(
-        problem, sde, x0, ts, key, method=method, num_episodes=c.num_episodes, num_paths=c.num_paths,
-        learning_rate=c.learning_rate, loss=c.spf_loss,
-        malliavin_weight=c.malliavin_weight if malliavin_weight is None else malliavin_weight,
-        kappa=c.kappa, data_batch=c.data_batch if method == "spf" else _pdm_data_batch(c), lr_decay=c.lr_decay,
-        log_every=max(c.num_episodes // 40, 1), progress=c.progress, compiler_options=_compiler_options(c))
+        problem, sde, x0, ts, key, method=method, num_episodes=t.num_episodes, num_paths=t.num_paths,
+        learning_rate=t.learning_rate, loss=t.spf_loss,
+        malliavin_weight=t.malliavin_weight if malliavin_weight is None else malliavin_weight,
+        kappa=t.kappa, data_batch=t.data_batch if method == "spf" else _pdm_data_batch(c), lr_decay=t.lr_decay,
+        log_every=max(t.num_episodes // 40, 1), progress=c.progress, compiler_options=_compiler_options(c))
 
 
 def _run_problem(c: Config, name: str, key) -> dict:
@@ -168,14 +211,14 @@ def _run_problem(c: Config, name: str, key) -> dict:
         if history is not None:
             out["history"][label] = history
 
-    labels = ["spf", "pdm"] + (["spf_no_malliavin"] if name in c.ablation_problems else [])
+    labels = ["spf", "pdm"] + (["spf_no_malliavin"] if name in c.train.ablation_problems else [])
     for label in labels:
         method = "pdm" if label == "pdm" else "spf"
         lam = 0.0 if label == "spf_no_malliavin" else None
         runs = [_train(c, problem, sde, x0, ts, jax.random.fold_in(ktrain, s), method, malliavin_weight=lam)
-                for s in range(c.num_seeds)]
+                for s in range(c.train.num_seeds)]
         per_seed = [spf.tracking_metrics(problem, spf.simulate_paths(sde, r.params, x0, ts, keval,
-                                                                     num_paths=c.eval_paths), ts) for r in runs]
+                                                                     num_paths=c.eval.num_paths), ts) for r in runs]
         out["curves"][label] = np.mean([m["optimality_distance"] for m in per_seed], 0)
         out["history"][label] = runs[0].history
         out["metrics"][label] = {
@@ -186,20 +229,21 @@ def _run_problem(c: Config, name: str, key) -> dict:
             "final_mean_sigma": float(np.mean([r.history["sigma"][-1] for r in runs]))}
     num_params = spf.NeuralSDE.num_params(sde.init(ktrain))
 
-    par = spf.fit_parametric_path(problem, x0, ts, kpar, degree=c.parametric_degree, num_episodes=c.num_episodes,
-                                  num_samples=c.num_paths, learning_rate=c.parametric_learning_rate,
-                                  log_every=max(c.num_episodes // 40, 1), progress=c.progress,
+    b = c.baselines
+    par = spf.fit_parametric_path(problem, x0, ts, kpar, degree=b.parametric_degree, num_episodes=c.train.num_episodes,
+                                  num_samples=c.train.num_paths, learning_rate=b.parametric_learning_rate,
+                                  log_every=max(c.train.num_episodes // 40, 1), progress=c.progress,
                                   compiler_options=_compiler_options(c))
     record("parametric_path", spf.parametric_path(par.params, x0, ts, c.horizon)[None], par.history,
            par.seconds_per_episode)
 
-    psg_runs = ((1, "psg"),) + (((c.num_paths, f"psg_batch{c.num_paths}"),) if c.psg_large_batch else ())
+    psg_runs = ((1, "psg"),) + (((c.train.num_paths, f"psg_batch{c.train.num_paths}"),) if b.psg_large_batch else ())
     for batch, label in psg_runs:
-        tuned = spf.tune_psg(problem, x0, ts, kpsg, step_sizes=c.psg_step_sizes, averagings=c.psg_averagings,
-                             batch=batch, num_runs=c.psg_tune_runs, compiler_options=_compiler_options(c))
+        tuned = spf.tune_psg(problem, x0, ts, kpsg, step_sizes=b.psg_step_sizes, averagings=b.psg_averagings,
+                             batch=batch, num_runs=b.psg_tune_runs, compiler_options=_compiler_options(c))
         run = jax.jit(jax.vmap(lambda k: spf.proximal_stochastic_gradient(
             problem, x0, ts, k, step_size=tuned["step_size"], averaging=tuned["averaging"], batch=batch)))
-        record(label, run(jax.random.split(keval, c.eval_paths)))
+        record(label, run(jax.random.split(keval, c.eval.num_paths)))
         out["metrics"][label].update(step_size=tuned["step_size"], averaging=tuned["averaging"])
     out["metrics"]["num_params"] = num_params
     out["ts"] = np.asarray(ts)
@@ -224,27 +268,27 @@ def _runtime_sweep(c: Config, key) -> dict:
     ts = jnp.linspace(0.0, c.horizon, c.num_steps + 1)
     x0 = problem.optimum(jnp.float32(0.0))
     rows = []
-    for width in c.runtime_widths:
+    for width in c.runtime.widths:
         sde = _sde(c, width)
         params = sde.init(key)
         phi = spf.NeuralSDE.num_params(params)
-        opts = dict(num_paths=c.num_paths, data_batch=_pdm_data_batch(c))
+        opts = dict(num_paths=c.train.num_paths, data_batch=_pdm_data_batch(c))
         fns = {
             "spf": jax.jit(lambda p, k, s=sde: spf.spf_gradient(
-                p, problem, s, x0, ts, k, num_paths=c.num_paths, data_batch=c.data_batch, loss=c.spf_loss,
-                malliavin_weight=c.malliavin_weight)[0]),
+                p, problem, s, x0, ts, k, num_paths=c.train.num_paths, data_batch=c.train.data_batch,
+                loss=c.train.spf_loss, malliavin_weight=c.train.malliavin_weight)[0]),
             "pdm_backprop": jax.jit(lambda p, k, s=sde: jax.grad(spf.pdm_objective, has_aux=True)(
                 p, problem, s, x0, ts, k, **opts)[0]),
             "pdm_forward": jax.jit(lambda p, k, s=sde: spf.pdm_forward_gradient(p, problem, s, x0, ts, k,
                                                                               **opts)[0]),
         }
-        args = [(params, jax.random.key(i)) for i in range(c.runtime_reps + 1)]
+        args = [(params, jax.random.key(i)) for i in range(c.runtime.reps + 1)]
         row = {"width": width, "num_params": phi}
         for name, fn in fns.items():
-            if name == "pdm_forward" and phi > c.runtime_forward_max_params:
+            if name == "pdm_forward" and phi > c.runtime.forward_max_params:
                 row[name] = math.nan
                 continue
-            row[name], _ = _time(fn, args, c.runtime_reps)
+            row[name], _ = _time(fn, args, c.runtime.reps)
         rows.append(row)
     return {"rows": rows}
 
@@ -280,7 +324,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     key = jax.random.key(c.seed)
     kprob, krt = jax.random.split(key)
     results = {name: _run_problem(c, name, k) for name, k in zip(c.problems, jax.random.split(kprob, len(c.problems)))}
-    rows = _runtime_sweep(c, krt)["rows"] if c.runtime_widths else []
+    rows = _runtime_sweep(c, krt)["rows"] if c.runtime.widths else []
+    t, tol, big = c.train, c.eval.pdm_tolerance, c.baselines.psg_large_batch
 
     metrics: dict = {name: res["metrics"] for name, res in results.items()}
     metrics["runtime"] = rows
@@ -289,18 +334,18 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         m = res["metrics"]
         s, p = m["spf"]["optimality_distance"], m["pdm"]["optimality_distance"]
         g1 = m["psg"]["optimality_distance"]
-        gb = m[f"psg_batch{c.num_paths}"]["optimality_distance"] if c.psg_large_batch else math.inf
+        gb = m[f"psg_batch{t.num_paths}"]["optimality_distance"] if big else math.inf
         claims[f"{name}_spf_beats_psg"] = bool(s < g1 and s < gb)
-        claims[f"{name}_spf_at_least_pdm_within_{c.pdm_tolerance:.0%}"] = bool(s <= (1 + c.pdm_tolerance) * p)
+        claims[f"{name}_spf_at_least_pdm_within_{tol:.0%}"] = bool(s <= (1 + tol) * p)
         checks.append(Check(f"{name}: SPF optimality distance vs PSG", s, "SPF tracks the optimum better than PSG",
-                            f"< PSG {g1:.2e}" + (f" and < PSG batch {c.num_paths} {gb:.2e}" if c.psg_large_batch
-                                                 else ""), claims[f"{name}_spf_beats_psg"]))
+                            f"< PSG {g1:.2e}" + (f" and < PSG batch {t.num_paths} {gb:.2e}" if big else ""),
+                            claims[f"{name}_spf_beats_psg"]))
         checks.append(Check(f"{name}: SPF / PDM optimality distance", s / p, "SPF at least as good as PDM",
-                            f"<= {1 + c.pdm_tolerance:g} (PDM within {c.pdm_tolerance:.0%})",
-                            claims[f"{name}_spf_at_least_pdm_within_{c.pdm_tolerance:.0%}"],
+                            f"<= {1 + tol:g} (PDM within {tol:.0%})",
+                            claims[f"{name}_spf_at_least_pdm_within_{tol:.0%}"],
                             note=f"PDM {p:.2e}"))
         parts.append(f"{name}: SPF {s:.2e} vs PDM {p:.2e} (ratio {s / p:.2f}), PSG {g1:.2e}"
-                     + (f" (batch {c.num_paths}: {gb:.2e})" if c.psg_large_batch else "")
+                     + (f" (batch {t.num_paths}: {gb:.2e})" if big else "")
                      + f", Legendre path {m['parametric_path']['optimality_distance']:.2e}"
                      + (f", SPF lambda=0 {m['spf_no_malliavin']['optimality_distance']:.2e}"
                         if "spf_no_malliavin" in m else ""))
@@ -321,19 +366,19 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                                  "pdm_forward_time_ratio": fwd_ratio, "pdm_forward_slope": fwd_slope,
                                  "pdm_backprop_time_ratio": bp_ratio, "pdm_backprop_slope": bp_slope}
     context = (f"Optimality distance (time-avg E||x_t - x*_t||^2, lower is better; SPF/PDM: mean of "
-               f"{c.num_seeds} paired seeds) - " + "; ".join(parts)
+               f"{t.num_seeds} paired seeds) - " + "; ".join(parts)
                + (f". Runtime per episode over a {phi_ratio:.0f}x range of phi: SPF x{spf_ratio:.1f} "
                   f"(log-log slope {spf_slope:.2f}), forward-sensitivity PDM x{fwd_ratio:.1f} (slope {fwd_slope:.2f}), "
                   f"backprop PDM x{bp_ratio:.1f} (slope {bp_slope:.2f})" if rows else ". Runtime sweep not run")
                + ". Loss: reconstructed energy functional "
-               f"({c.spf_loss}, lambda={c.malliavin_weight}); for least squares its drift gradient equals 2x PDM's "
+               f"({t.spf_loss}, lambda={t.malliavin_weight}); for least squares its drift gradient equals 2x PDM's "
                "in distribution, so the SPF/PDM gap there is training noise. Data budgets differ: SPF and PDM draw "
-               f"{2 * c.data_batch * c.num_episodes * c.num_paths} samples per time point over training (Legendre "
-               f"path {c.num_episodes * c.num_paths}), online PSG 1 (or {c.num_paths}) per step with an oracle-tuned "
+               f"{2 * t.data_batch * t.num_episodes * t.num_paths} samples per time point over training (Legendre "
+               f"path {t.num_episodes * t.num_paths}), online PSG 1 (or {t.num_paths}) per step with an oracle-tuned "
                "step size")
-    context += (f". Scale: n={c.dim}, K={c.num_steps} Euler steps, width {c.width} x depth {c.depth}, "
-                f"{c.num_episodes} episodes x {c.num_paths} paths, {c.num_seeds} paired seeds, {c.eval_paths} "
-                f"evaluation paths; runtime widths {list(c.runtime_widths)}, {c.runtime_reps} timed reps")
+    context += (f". Scale: n={c.dim}, K={c.num_steps} Euler steps, width {c.sde.width} x depth {c.sde.depth}, "
+                f"{t.num_episodes} episodes x {t.num_paths} paths, {t.num_seeds} paired seeds, {c.eval.num_paths} "
+                f"evaluation paths; runtime widths {list(c.runtime.widths)}, {c.runtime.reps} timed reps")
     cause, cause_class = _cause(metrics, checks, c)
     verdict, reproduced = checks_lib.verdict(
         checks, claim="SPF tracks the drifting optimum better than PSG and at least as well as PDM, with a runtime "
@@ -369,18 +414,18 @@ def _cause(metrics: Mapping[str, Any], checks: list[Check], c: Config) -> tuple[
             abl = metrics.get("least_squares", {}).get("spf_no_malliavin")
             ls = metrics.get("least_squares", {}).get("spf")
             parts.append(
-                f"{name}: SPF/PDM {ch.measured:.2f} > {1 + c.pdm_tolerance:g} with the spec's reconstructed "
+                f"{name}: SPF/PDM {ch.measured:.2f} > {1 + c.eval.pdm_tolerance:g} with the spec's reconstructed "
                 f"energy functional (inferred, the paper's objective is not available): training drives the "
-                f"diffusion from {c.sigma_init:g} to {m['spf']['final_mean_sigma']:.2g}, so the Malliavin term "
+                f"diffusion from {c.sde.sigma_init:g} to {m['spf']['final_mean_sigma']:.2g}, so the Malliavin term "
                 "(which scales with it) vanishes"
                 + (f" - least squares with lambda=0 reaches {abl['optimality_distance']:.4e} vs "
-                   f"{ls['optimality_distance']:.4e} with lambda={c.malliavin_weight:g}"
+                   f"{ls['optimality_distance']:.4e} with lambda={c.train.malliavin_weight:g}"
                    if abl and ls else "")
                 + " - and SPF minimizes ||grad F||^2 along the paths, gradient-norm minimization, whose "
                 "conditioning is the square of the objective's PDM descends")
         elif "vs PSG" in ch.name:
             parts.append(f"{name}: SPF {ch.measured:.3g} does not beat PSG ({ch.threshold}) after "
-                         f"{c.num_episodes} episodes")
+                         f"{c.train.num_episodes} episodes")
         else:
             parts.append(f"{ch.name}: {ch.measured:.3g}, not {ch.threshold}")
     return "; ".join(parts), "spec" if spec else "scale"
@@ -432,19 +477,23 @@ EXPERIMENT = registry.Experiment(
     slug="spf",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(problems=("least_squares",), ablation_problems=(), dim=2, num_steps=8, width=8,
-                                depth=1, time_features=1, num_episodes=4, num_paths=4, eval_paths=8,
-                                psg_step_sizes=(0.5, 1.0), psg_averagings=(1.0,), psg_tune_runs=4,
-                                psg_large_batch=False, parametric_degree=3, runtime_widths=(), num_seeds=1,
+        "smoke": lambda: Config(problems=("least_squares",), dim=2, num_steps=8,
+                                sde=SDEConfig(width=8, depth=1, time_features=1),
+                                train=TrainConfig(num_episodes=4, num_paths=4, num_seeds=1, ablation_problems=()),
+                                baselines=BaselineConfig(psg_step_sizes=(0.5, 1.0), psg_averagings=(1.0,),
+                                                         psg_tune_runs=4, psg_large_batch=False, parametric_degree=3),
+                                eval=EvalConfig(num_paths=8), runtime=RuntimeConfig(widths=()),
                                 progress=False, fast_compile=True),
         # Quick: the default scale (n = 4, K = 50, width 32, 400 episodes x 64 paths, 2 paired seeds);
         # the runtime sweep measures only its end points phi(width 8) and phi(width 128), the
         # two the growth check compares.
-        "quick": lambda: Config(runtime_widths=(8, 128)),
-        "paper": lambda: Config(dim=10, num_steps=100, width=128, num_episodes=2000, num_paths=256,
-                                eval_paths=1024, psg_tune_runs=256, ablation_problems=PROBLEMS, num_seeds=5,
-                                runtime_widths=(16, 64, 256, 512), runtime_forward_max_params=1_000_000,
-                                runtime_reps=5),
+        "quick": lambda: Config(runtime=RuntimeConfig(widths=(8, 128))),
+        "paper": lambda: Config(dim=10, num_steps=100, sde=SDEConfig(width=128),
+                                train=TrainConfig(num_episodes=2000, num_paths=256, num_seeds=5,
+                                                  ablation_problems=PROBLEMS),
+                                baselines=BaselineConfig(psg_tune_runs=256), eval=EvalConfig(num_paths=1024),
+                                runtime=RuntimeConfig(widths=(16, 64, 256, 512), forward_max_params=1_000_000,
+                                                      reps=5)),
     },
     run=run,
 )

@@ -67,7 +67,7 @@ def test_oracle_stopping_time_matches_independent_random_walk_simulation():
     rho) and 87.2 vs 86.7 (planned), SE about 1.4; the old mu / sigma^4 weights gave 113.3 and 109.4,
     16 and 15 SE away."""
     info, alpha, burn_in, horizon, n = 0.2, 1e-3, 20, 400, 2000
-    c = exp.Config(oracle_signal=info, oracle_horizon=horizon, oracle_burn_in=burn_in, block_size=25)
+    c = exp.Config(oracle=exp.OracleConfig(signal=info, horizon=horizon, burn_in=burn_in), block_size=25)
     tau_d, tau_p = exp._oracle_stopping(jax.random.key(1, impl="rbg"), jnp.asarray([alpha], jnp.float32), c=c, n=n)
     rng = np.random.default_rng(0)
     for tau, planned in ((np.asarray(tau_d)[:, 0], False), (np.asarray(tau_p)[:, 0], True)):
@@ -86,11 +86,12 @@ class _Bar:
 def test_power_against_t_is_reported_only_when_on(tmp_path):
     """The power-against-T option adds P(rejected by t) at checkpoints up to its horizon (monotone in t, with
     SEs) and its figure beside the unchanged power check; the smoke preset leaves it off."""
-    assert exp.EXPERIMENT.presets["smoke"]().power_curve_streams == 0
-    kw = dict(horizon=200, block_size=25, burn_ins=(50,), main_burn_in=50, power_streams=16, shapes=("quadratic",),
-              signals=(0.1,), rff_features=8, batch_size=16, power_curve_horizon=400)
-    off = exp.power_study(exp.Config(power_curve_streams=0, **kw), tmp_path, _Bar())
-    on = exp.power_study(exp.Config(power_curve_streams=16, **kw), tmp_path, _Bar())
+    assert exp.EXPERIMENT.presets["smoke"]().power.curve_streams == 0
+    kw = dict(horizon=200, block_size=25, burn_ins=(50,), main_burn_in=50, learner=exp.LearnerConfig(rff_features=8),
+              batch_size=16)
+    power = dict(streams=16, shapes=("quadratic",), signals=(0.1,), curve_horizon=400)
+    off = exp.power_study(exp.Config(power=exp.PowerConfig(curve_streams=0, **power), **kw), tmp_path, _Bar())
+    on = exp.power_study(exp.Config(power=exp.PowerConfig(curve_streams=16, **power), **kw), tmp_path, _Bar())
     assert "power_vs_T" not in off.metrics and len(off.plots) == 1
     curve = on.metrics["power_vs_T"]["quadratic"]
     assert list(curve) == ["50", "100", "200", "400"]
@@ -100,11 +101,20 @@ def test_power_against_t_is_reported_only_when_on(tmp_path):
     assert [ch.name for ch in on.checks] == [ch.name for ch in off.checks]
 
 
-@pytest.mark.parametrize("overrides", [dict(power_curve_horizon=4010), dict(power_curve_streams=-1),
-                                       dict(power_curve_horizon=100)])
-def test_config_errors(overrides):
-    with pytest.raises(ValueError, match="power_curve"):
-        exp._validate(exp.Config(**overrides))
+@pytest.mark.parametrize("overrides, path", [
+    (dict(power=exp.PowerConfig(curve_horizon=4010)), "power.curve_horizon"),
+    (dict(power=exp.PowerConfig(curve_streams=-1)), "power.curve_streams"),
+    (dict(power=exp.PowerConfig(curve_horizon=100)), "power.curve_horizon"),
+    (dict(horizon=990), "block_size"),
+    (dict(main_burn_in=100), "main_burn_in"),
+    (dict(null=exp.NullConfig(noises=("gaussian", "cauchy"))), "null.noises"),
+])
+def test_config_errors_name_the_field_path(overrides, path):
+    """A config no study can run fails when it is built, naming the field's dotted path (the CLI's flag)."""
+    with pytest.raises(exp.registry.ConfigError, match=path.replace(".", r"\.")) as info:
+        exp.Config(**overrides)
+    assert info.value.field == path
+    exp._validate(exp.Config())  # the defaults pass
 
 
 def _check(name, passed):

@@ -1,0 +1,68 @@
+"""Nested config sections of spf, benchmark_game and anytime_cmf (issue 25, item 6) on the command line: a
+nested override (`--train.num-episodes 2`) changes that one field and keeps every other preset value, `run <slug>
+--help` lists the nested flags, and a bad nested value fails with exit code 2 naming its flag. No experiment runs
+here (`report.run_experiment` is replaced by a recorder)."""
+
+import dataclasses
+import pathlib
+
+import pytest
+
+from experiments import __main__ as cli
+from experiments import registry, report
+
+# slug -> (flag, value, the section, the field, the parsed value, a flag of another section for --help)
+OVERRIDES = {
+    "spf": ("--train.num-episodes", "2", "train", "num_episodes", 2, "--runtime.widths"),
+    "benchmark_game": ("--search.grid-points", "21", "search", "grid_points", 21, "--fig1.fit-iters"),
+    "anytime_cmf": ("--power.signals", "0.1 0.2", "power", "signals", (0.1, 0.2), "--oracle.burn-in"),
+}
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The config `cli.main(["run", ...])` would run, without running it."""
+    seen = {}
+
+    def fake_run(slug, preset, *, config, **kw):
+        seen["config"] = config
+        return {"reproduced": True, "verdict": "ok", "wall_s": 0.0}
+
+    monkeypatch.setattr(report, "run_experiment", fake_run)
+    monkeypatch.setattr(report, "write_report", lambda d, **kw: pathlib.Path(d) / "REPORT.md")
+    return seen
+
+
+@pytest.mark.parametrize("slug", sorted(OVERRIDES))
+def test_a_nested_override_changes_only_that_field(slug, recorded, tmp_path):
+    flag, value, section, field, parsed, _ = OVERRIDES[slug]
+    argv = ["run", slug, "--preset", "smoke", "--results-dir", str(tmp_path), flag, *value.split()]
+    assert cli.main(argv) == 0
+    smoke = registry.get(slug).config("smoke")
+    got = recorded["config"]
+    assert type(got) is registry.get(slug).config_cls
+    assert getattr(getattr(got, section), field) == parsed != getattr(getattr(smoke, section), field)
+    assert got == dataclasses.replace(smoke, **{section: dataclasses.replace(getattr(smoke, section),
+                                                                             **{field: parsed})})
+
+
+@pytest.mark.parametrize("slug", sorted(OVERRIDES))
+def test_help_lists_the_nested_fields(slug, capsys):
+    flag, _, _, _, _, other = OVERRIDES[slug]
+    assert cli.main(["run", slug, "--preset", "smoke", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert flag in out and other in out
+
+
+@pytest.mark.parametrize("slug, flag, value, message", [
+    ("spf", "--train.num-seeds", "0", "--train.num-seeds must be >= 1; got 0"),
+    ("spf", "--train.learning-rate", "-1", "--train.learning-rate (a learning rate) must be finite and > 0"),
+    ("benchmark_game", "--game.thetas", "1.0", "--game.thetas must name at least two providers; got (1.0,)"),
+    ("anytime_cmf", "--null.noises", "cauchy", "--null.noises must be drawn from ('gaussian', 't3', 'exp', "
+     "'rademacher'); got ['cauchy']"),
+])
+def test_a_bad_nested_value_names_its_flag(slug, flag, value, message, tmp_path, capsys):
+    assert cli.main(["run", slug, "--preset", "smoke", "--results-dir", str(tmp_path), flag, value]) == 2
+    err = capsys.readouterr().err
+    assert f"bad config for {slug!r} [smoke]: {message}" in err, err
+    assert not list(tmp_path.iterdir())  # nothing ran
