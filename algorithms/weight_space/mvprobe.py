@@ -210,6 +210,59 @@ def evaluate(model: nnx.Module, x, y, loss: str) -> float:
     return float(probe_metric(model(jnp.asarray(x)), jnp.asarray(y), loss))
 
 
+def _probe_tx(lr: float, weight_decay: float) -> optax.GradientTransformation:
+    """Adam + L2 weight decay (torch's Adam ``weight_decay``), the probes' optimiser."""
+    return optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(lr))
+
+
+_BLOCK_CACHE: dict = {}
+
+
+def _train_block(graphdef, loss: str, bs: int, eval_every: int, lr: float, weight_decay: float):
+    """The jitted ``eval_every``-epoch training block of `train_probe`, memoised on its static settings so
+    that repeated trainings (seeds, tasks with the same shapes) reuse one compiled function. The data are
+    arguments, not closed over: ``block(p, o, k, rest, x_train, y_train, x_val, y_val) -> (p, o, loss, val)``."""
+    key = (graphdef, loss, bs, eval_every, lr, weight_decay)
+    try:
+        hit = _BLOCK_CACHE.get(key)
+    except TypeError:  # an unhashable graphdef: no memoisation
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    tx = _probe_tx(lr, weight_decay)
+
+    @jax.jit
+    def block(p, o, k, rest, x_train, y_train, x_val, y_val):
+        n = x_train.shape[0]
+        nb = n // bs
+
+        def loss_fn(p, xb, yb):
+            return probe_loss(nnx.merge(graphdef, p, rest)(xb), yb, loss)
+
+        def epoch(carry, k):
+            p, o = carry
+            idx = jax.random.permutation(k, n)[: nb * bs].reshape(nb, bs)
+
+            def step(c, i):
+                p, o = c
+                l, g = jax.value_and_grad(loss_fn)(p, x_train[i], y_train[i])
+                u, o = tx.update(g, o, p)
+                return (optax.apply_updates(p, u), o), l
+
+            (p, o), ls = jax.lax.scan(step, (p, o), idx)
+            return (p, o), ls.mean()
+
+        (p, o), ls = jax.lax.scan(epoch, (p, o), jax.random.split(k, eval_every))
+        val = probe_metric(nnx.merge(graphdef, p, rest)(x_val), y_val, loss)
+        return p, o, ls[-1], val
+
+    if key is not None:
+        if len(_BLOCK_CACHE) > 64:
+            _BLOCK_CACHE.clear()
+        _BLOCK_CACHE[key] = block
+    return block
+
+
 def train_probe(model: nnx.Module, x_train, y_train, x_val, y_val, *, loss: str, key: jax.Array,
                 epochs: int = 300, lr: float = 3e-4, weight_decay: float = 1e-5, batch_size: int = 128,
                 eval_every: int = 25) -> tuple[nnx.Module, dict]:
@@ -236,39 +289,16 @@ def train_probe(model: nnx.Module, x_train, y_train, x_val, y_val, *, loss: str,
     if epochs < 1 or eval_every < 1 or batch_size < 1:
         raise ValueError(f"epochs, eval_every, batch_size: expected >= 1, got {epochs}, {eval_every}, {batch_size}")
     bs = min(batch_size, n)
-    nb = n // bs
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(lr))
-    opt = tx.init(params)
-
-    def loss_fn(p, xb, yb):
-        return probe_loss(nnx.merge(graphdef, p, rest)(xb), yb, loss)
-
-    def epoch(carry, k):
-        p, o = carry
-        idx = jax.random.permutation(k, n)[: nb * bs].reshape(nb, bs)
-
-        def step(c, i):
-            p, o = c
-            l, g = jax.value_and_grad(loss_fn)(p, x_train[i], y_train[i])
-            u, o = tx.update(g, o, p)
-            return (optax.apply_updates(p, u), o), l
-
-        (p, o), ls = jax.lax.scan(step, (p, o), idx)
-        return (p, o), ls.mean()
-
-    @jax.jit
-    def block(p, o, k):
-        (p, o), ls = jax.lax.scan(epoch, (p, o), jax.random.split(k, eval_every))
-        val = probe_metric(nnx.merge(graphdef, p, rest)(x_val), y_val, loss)
-        return p, o, ls[-1], val
+    opt = _probe_tx(lr, weight_decay).init(params)
+    block = _train_block(graphdef, loss, bs, eval_every, float(lr), float(weight_decay))
 
     best_val, best = -1.0, params
     hist = {"epoch": [], "val": [], "train_loss": []}
     done = 0
     while done < epochs:
         key, k = jax.random.split(key)
-        params, opt, tl, val = block(params, opt, k)
+        params, opt, tl, val = block(params, opt, k, rest, x_train, y_train, x_val, y_val)
         done += eval_every
         hist["epoch"].append(done)
         hist["val"].append(float(val))
