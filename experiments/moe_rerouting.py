@@ -268,6 +268,22 @@ class _Setup(NamedTuple):
     key: jax.Array
 
 
+def _fast_cpu_experts(model) -> None:
+    """Speed only: on CPU, evaluate the trained LM's experts with the tiled XLA grouped matmul.
+
+    The default grouped matmul on CPU (`jax.lax.ragged_dot`) is densified by XLA over all E experts,
+    E / k times the FLOPs of the routed computation; "xla_tiled" pads each expert's rows to a tile and
+    computes only those. Same weights, same routing, equal outputs within float round-off. Training
+    keeps the configured implementation (the checkpoint and its fingerprint are unchanged).
+    """
+    if jax.default_backend() != "cpu":
+        return
+    for layer in model.layers:
+        ffn = getattr(layer, "ffn", None)
+        if ffn is not None and getattr(ffn, "implementation", "unset") is None:
+            ffn.implementation = "xla_tiled"
+
+
 def _setup(c: Config, workdir: pathlib.Path) -> _Setup:
     """Trains (or resumes) the LM and builds the evaluation set and the retrieval bank."""
     from algorithms.moe import rerouting as rr
@@ -276,6 +292,7 @@ def _setup(c: Config, workdir: pathlib.Path) -> _Setup:
     t0 = time.time()
     model, history = _train_lm(c, task, workdir)
     train_s = time.time() - t0
+    _fast_cpu_experts(model)
     data = _eval_data(c, task)
     prompts = _prompts(data, c)
     reroute = rr.RerouteConfig(layers="confidence", rho=c.rho, steps=c.steps, learning_rate=c.reroute_lr,
@@ -362,6 +379,21 @@ def nll_study(c: Config, s: _Setup, fit: _Prefill) -> Study:
     return Study(checks, context, metrics, [])
 
 
+def _in_blocks(fn, prompts: np.ndarray, lengths: np.ndarray, rows: int) -> np.ndarray:
+    """``fn(prompts, lengths)`` on blocks of ``rows`` rows (the last one padded by repeating its final row),
+    concatenated and cut back to ``len(prompts)`` rows. For per-row computations (own bias per row)."""
+    n = prompts.shape[0]
+    outs = []
+    for i in range(0, n, rows):
+        p, ln = prompts[i:i + rows], lengths[i:i + rows]
+        pad = rows - p.shape[0]
+        if pad:
+            p = np.concatenate([p, np.repeat(p[-1:], pad, axis=0)])
+            ln = np.concatenate([ln, np.repeat(ln[-1:], pad, axis=0)])
+        outs.append(np.asarray(fn(p, ln))[:rows - pad])
+    return np.concatenate(outs)
+
+
 def generation_study(c: Config, s: _Setup, deltas: dict) -> Study:
     """Free-running greedy exact match on the shifted copy/arithmetic answers, with continuous rerouting
     (re-fitted every `interval` generated tokens) for the rerouting modes and the prefill bias otherwise, on
@@ -385,11 +417,16 @@ def generation_study(c: Config, s: _Setup, deltas: dict) -> Study:
         return float(np.mean(em[m][det & s.shifted]))
 
     # The claim's test: the same shifted copy/arithmetic prompts with and without rerouting (paired).
+    # Speed only: the paired set runs in blocks of the NLL set's row count (one compiled shape for both sets);
+    # every row has its own bias and layer selection, so the blocks give the rows' results unchanged.
     pdata = _em_data(c)
     pprompts = _prompts(pdata, c)
-    base_gen = np.asarray(rr.decode(s.model, pprompts, pdata["prompt_lengths"], num_tokens=c.cont_len)[0])
-    ours_gen = rr.rerouted_generate(s.model, pprompts, pdata["prompt_lengths"], max_new_tokens=c.cont_len,
-                                    config=dataclasses.replace(s.reroute, layers=MODES[OURS]), key=s.key).tokens
+    rows = s.prompts.shape[0]
+    base_gen = _in_blocks(lambda p, n: np.asarray(rr.decode(s.model, p, n, num_tokens=c.cont_len)[0]),
+                          pprompts, pdata["prompt_lengths"], rows)
+    ours_gen = _in_blocks(lambda p, n: rr.rerouted_generate(
+        s.model, p, n, max_new_tokens=c.cont_len, config=dataclasses.replace(s.reroute, layers=MODES[OURS]),
+        key=s.key).tokens, pprompts, pdata["prompt_lengths"], rows)
     em_base, em_ours = _exact_match(base_gen, pdata), _exact_match(ours_gen, pdata)
     test = mcnemar_exact(em_ours, em_base)
     test["by_family"] = {f: {"n": int(np.sum(pdata["family"] == f)),
@@ -419,10 +456,16 @@ def generation_study(c: Config, s: _Setup, deltas: dict) -> Study:
     return Study(checks, context, metrics, [])
 
 
-def sweep_study(c: Config, s: _Setup, base_nll: np.ndarray, nll_gain: dict, workdir: pathlib.Path) -> Study:
+def sweep_study(c: Config, s: _Setup, base_nll: np.ndarray, nll_gain: dict, workdir: pathlib.Path,
+                ours_nll: np.ndarray | None = None, ours_exact_match: float | None = None) -> Study:
     """Sweeps of optimiser steps (selected vs all layers), learning rate and adaptation interval: whether
     all-layer adaptation over-adapts at many steps (not required). Its figure sets the steps sweep beside
-    the prefill NLL gains by family (`nll_gain`, from `nll_study`)."""
+    the prefill NLL gains by family (`nll_gain`, from `nll_study`).
+
+    Speed only: the sweep points that repeat the main run's settings are taken from it instead of being
+    recomputed (the same deterministic computation): ``ours_nll`` [b], the continuation NLL under the
+    selected-layer prefill bias (learning rate ``reroute_lr``), and ``ours_exact_match``, the shifted
+    exact match of selected-layer generation re-fitted every ``interval`` tokens."""
     from algorithms.moe import rerouting as rr
 
     toks, pl, cl = s.data["tokens"], s.data["prompt_lengths"], s.data["cont_lengths"]
@@ -438,10 +481,16 @@ def sweep_study(c: Config, s: _Setup, base_nll: np.ndarray, nll_gain: dict, work
             sweep_steps[mode][n] = shifted_gain(d)
     sweep_lr = {}
     for lr in c.sweep_lrs:
+        if ours_nll is not None and lr == c.reroute_lr:
+            sweep_lr[lr] = float(np.mean(base_nll[shifted] - ours_nll[shifted]))
+            continue
         d, _ = rr.adapt_on_context(s.model, toks, pl, config=dataclasses.replace(s.reroute, learning_rate=lr))
         sweep_lr[lr] = shifted_gain(d)
     sweep_interval = {}
     for m in c.sweep_intervals:
+        if ours_exact_match is not None and m == c.interval:
+            sweep_interval[m] = ours_exact_match
+            continue
         out = rr.rerouted_generate(s.model, s.prompts, pl, max_new_tokens=c.cont_len,
                                    config=dataclasses.replace(s.reroute, interval=m or None), key=s.key)
         sweep_interval[m] = float(np.mean(_exact_match(out.tokens, s.data)[s.data["deterministic"] & shifted]))
@@ -515,7 +564,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     fit = _fit_prefill(c, s)
     nll = nll_study(c, s, fit)
     generation = generation_study(c, s, fit.deltas)
-    sweeps = sweep_study(c, s, fit.nll["base"], nll.metrics["nll_gain_by_family"], workdir)
+    sweeps = sweep_study(c, s, fit.nll["base"], nll.metrics["nll_gain_by_family"], workdir,
+                         ours_nll=fit.nll[OURS], ours_exact_match=generation.metrics["shifted_exact_match"][OURS])
 
     studies = (nll, generation, sweeps)
     # The claim's checks first, then the diagnostics (each group in study order).

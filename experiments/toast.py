@@ -33,6 +33,10 @@ Setup (CPU scale, nothing downloaded; the spec's reproduction plan (d)):
      fine-tuned for the same `finetune_steps`; and the dense model fine-tuned for the same steps (the
      spec: ToaSt's gains over the dense baselines may come from the extra fine-tuning). Every MACs
      number is `toast.count_macs`.
+  6. Speed (issue 26): every fine-tuning goes through `toast.finetune` without a workdir, whose jitted
+     train step is cached per (structure, optimizer, loss), so the five SCWP variants (equal head
+     widths) and magnitude / random pruning (equal widths) compile one step each; the static-channel
+     calibration runs jitted. Outputs equal `fit`'s (tests/experiments/toast_experiment_test.py).
 
 Checks (thresholds fixed before running; accuracies on the whole test set of n images; a paired
 difference A - B is judged by its standard error over the test images, SE = std(a_i - b_i) / sqrt(m)
@@ -315,22 +319,30 @@ def static_channel_masks(model: ViT, calibration: np.ndarray, layers, ratio: flo
     layer (each later layer sees the earlier layers' static selections)."""
     masks: dict[int, jax.Array] = {}
     x = jnp.asarray(calibration)
+    graphdef, state = nnx.split(model)
     for l in layers:
-        rec = {}
-
-        def hook(layer, site, h, row, l=l, rec=rec):
-            if site != "fc2":
-                return None
-            if layer == l:
-                rec["imp"] = toast.channel_importance(h, row, jax.random.key(0), sample_ratio=1.0)
-            return masks.get(layer)
-
-        model(x, ffn_hook=hook)  # eager: the hook records the activations' importance
-        imp = np.asarray(rec["imp"])
+        imp = np.asarray(_static_importance(graphdef, int(l), state, x, dict(masks)))
         m = np.zeros(imp.size, np.float32)
         m[np.argsort(-imp, kind="stable")[:toast.kept_channels(imp.size, ratio)]] = 1.0
         masks[l] = jnp.asarray(m)
     return masks
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _static_importance(graphdef, l: int, state, x: jax.Array, masks: dict) -> jax.Array:
+    """Block l's TCS importance of its fc2 channels with every patch, the earlier blocks' static `masks`
+    applied (jitted: one program per structure, block and set of masked blocks)."""
+    rec = {}
+
+    def hook(layer, site, h, row):
+        if site != "fc2":
+            return None
+        if layer == l:
+            rec["imp"] = toast.channel_importance(h, row, jax.random.key(0), sample_ratio=1.0)
+        return masks.get(layer)
+
+    nnx.merge(graphdef, state)(x, ffn_hook=hook)  # the hook records the activations' importance
+    return rec["imp"]
 
 
 # ------------------------------------------------------------------ studies
@@ -439,12 +451,7 @@ def comparison_study(c: Config, dense: ViT, ev: _Evaluator, cache: _Cache, ft_ba
                               log_every=c.finetune_steps, progress=False, **kw)[0]
 
     def token_tune():
-        loss = functools.partial(classification_loss, token_hook=toast.token_pruning_hook(plan))
-        graphdef, state = nnx.split(dense)
-        res = fit(model_fn=lambda rngs: nnx.merge(graphdef, state), optimizer_config=opt, batch_fn=ft_batch,
-                  num_steps=c.finetune_steps, loss_fn=loss, log_every=c.finetune_steps, progress=False,
-                  desc="finetune token pruning")
-        return ev.correct(res.model(), tag=f"tokens{plan}", token_hook=toast.token_pruning_hook(plan))
+        return ev.correct(tune(dense, tokens_after=plan), tag=f"tokens{plan}", token_hook=toast.token_pruning_hook(plan))
 
     correct = {
         "ToaSt": cache.get("toast", lambda: ev.correct(tune(pruned, tcs=tcs), tag=f"tcs{tcs}",

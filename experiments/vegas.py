@@ -45,7 +45,7 @@ copying every sparse drafter is expected to fail, because the keys the next draf
 one step past those the last verification attended to.
 
     python -m experiments run vegas --preset smoke   # seconds, used by the tests
-    python -m experiments run vegas --preset quick   # 2 CPU cores, about 5 minutes
+    python -m experiments run vegas --preset quick   # 2 CPU cores, about 3-4 minutes
     python -m experiments run vegas --preset paper   # longer answers, more prompts, 16k headline
 """
 
@@ -119,9 +119,10 @@ class Config:
 # ------------------------------------------------------------------ measurement
 
 
-def _timed(fn, repeats: int):
-    """(result, best wall seconds over `repeats` calls after one warm-up call that compiles)."""
-    out = jax.block_until_ready(fn())
+def _timed(fn, repeats: int, *, warm_up: bool = True):
+    """(result, best wall seconds over `repeats` calls after one warm-up call that compiles; ``warm_up=False``
+    skips it when ``fn`` is known to be compiled already)."""
+    out = jax.block_until_ready(fn()) if warm_up else None
     best = math.inf
     for _ in range(max(1, repeats)):
         t = time.perf_counter()
@@ -172,10 +173,13 @@ def measure(c: Config, model, prompts, reference, drafter, gamma: int, *, ratio:
 
 def decode_rate(c: Config, run_n) -> float:
     """Decode-only tokens per second per sequence: ``(n2 - n1) / (t(n2) - t(n1))`` with ``n1 = new_tokens // 4``
-    and ``n2 = new_tokens``, so the prefill cancels (nan when the difference is below timer noise)."""
+    and ``n2 = new_tokens``, so the prefill cancels (nan when the difference is below timer noise).
+
+    ``run_n(n2)`` must already be compiled (the caller ran it at ``new_tokens`` with the same arguments), so
+    only ``n1`` gets a warm-up call."""
     n1, n2 = c.new_tokens // 4, c.new_tokens
     _, t1 = _timed(lambda: run_n(n1), c.timing_repeats)
-    _, t2 = _timed(lambda: run_n(n2), c.timing_repeats)
+    _, t2 = _timed(lambda: run_n(n2), c.timing_repeats, warm_up=False)
     return (n2 - n1) / (t2 - t1) if t2 - t1 > 1e-4 else float("nan")
 
 
@@ -531,7 +535,9 @@ EXPERIMENT = registry.Experiment(
                                 main_ratio=0.05, main_gamma=2, ablate_ratio=0.05, ablate_gamma=2,
                                 ablations=("first_last", "last_accepted"), min_tokens=4, page_size=4,
                                 timing_repeats=0, checkpoint=False, progress=False),
-        "quick": lambda: Config(num_prompts=2, new_tokens=48, timing_repeats=3),
+        # quick: gamma 2 (in no check) left out, one 8k prompt, wall-clock timings best of 2 (the deciding
+        # selection-time check times max(3, timing_repeats) calls): about 3 minutes on 2 CPU cores
+        "quick": lambda: Config(num_prompts=2, new_tokens=48, gammas=(4, 6), long_prompts=1, timing_repeats=2),
         "paper": lambda: Config(long_context_len=16384, num_prompts=8, long_prompts=4, new_tokens=256,
                                 vocab_size=32768, tune=dataclasses.replace(lc.TuneConfig(), steps=400)),
     },

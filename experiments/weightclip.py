@@ -188,17 +188,28 @@ class _Data:
         """Accuracy of MLPs (batched [H, ...]) on the test split of models' datasets (clean labels, own classes)."""
         x = jnp.asarray(self.xr_te)[jnp.asarray(self.zoo.rotation[models])]
         lab, w = jnp.asarray(self.lab_te[models]), jnp.asarray(self.w_te[models])
-
-        def one(ks, bs, x1, l1, w1):
-            pred = jnp.argmax(zoo_lib.mlp_apply(list(zip(ks, bs)), x1), -1)
-            return jnp.sum((pred == l1) * w1) / jnp.sum(w1)
-
-        return np.asarray(jax.vmap(one)(list(kernels), list(biases), x, lab, w))
+        return np.asarray(_test_acc(list(kernels), list(biases), x, lab, w))
 
     def prompt_loss(self, kernels, biases) -> np.ndarray:
         """CE on the prompt of each held-out dataset: MLPs batched [H, C, ...] -> [H, C]."""
-        f = lambda ks, bs, x, y: jax.vmap(lambda k1, b1: wc.mlp_loss(k1, b1, x, y))(ks, bs)
-        return np.asarray(jax.vmap(f)(list(kernels), list(biases), self.bx, self.by))
+        return np.asarray(_prompt_loss(list(kernels), list(biases), self.bx, self.by))
+
+
+@jax.jit
+def _test_acc(kernels, biases, x, lab, w):
+    """Weighted test accuracy of MLPs batched [H, ...] (jitted once per shape; was an eager vmap)."""
+
+    def one(ks, bs, x1, l1, w1):
+        pred = jnp.argmax(zoo_lib.mlp_apply(list(zip(ks, bs)), x1), -1)
+        return jnp.sum((pred == l1) * w1) / jnp.sum(w1)
+
+    return jax.vmap(one)(kernels, biases, x, lab, w)
+
+
+@jax.jit
+def _prompt_loss(kernels, biases, bx, by):
+    f = lambda ks, bs, x, y: jax.vmap(lambda k1, b1: wc.mlp_loss(k1, b1, x, y))(ks, bs)
+    return jax.vmap(f)(kernels, biases, bx, by)
 
 
 def _train(c: Config, data: _Data, method: str):

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import time
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 import jax
@@ -48,7 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from algorithms.training import FitResult, OptimizerConfig, fit
+from algorithms._loop import run_loop
+from algorithms.training import FitResult, OptimizerConfig, TrainState, fit, make_optimizer, make_train_step
 from models.vit import FFNHook, TokenHook, ViT, ViTConfig, classification_loss
 from primitives.validation import check_finite, check_int
 
@@ -722,25 +724,80 @@ def match_token_keep(config: ViTConfig, target_macs: int, *, layer: int) -> tupl
 # ------------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=32)
+def _cached_train_step(graphdef, optimizer_config: OptimizerConfig, tcs: TCSConfig | None,
+                       tokens_after: tuple | None, has_cls: bool):
+    """(optimizer, jitted train step) of `fit` for one (structure, optimizer, loss): compiled once per process
+    and reused by every fine-tuning of a model with that structure (a new `fit` call builds a new step)."""
+    optimizer = make_optimizer(optimizer_config)
+    if tcs is not None:
+        loss_fn = tcs_loss(tcs, has_cls=has_cls)
+    elif tokens_after is not None:
+        loss_fn = functools.partial(classification_loss, token_hook=token_pruning_hook(tokens_after, has_cls=has_cls))
+    else:
+        loss_fn = classification_loss
+    return optimizer, make_train_step(graphdef, optimizer, loss_fn=loss_fn, schedule=optimizer_config.schedule())
+
+
+def _finetune_no_checkpoint(model: ViT, batch_fn, num_steps: int, optimizer_config: OptimizerConfig,
+                            tcs: TCSConfig | None, tokens_after: tuple | None, log_every: int,
+                            progress: bool) -> FitResult:
+    """`fit` without a workdir, with the train step cached by structure: the same initial state (the model's
+    parameters, `optimizer.init`, step 0), the same jitted step and data stream, the same history rows."""
+    graphdef, params, *rest = nnx.split(model, nnx.Param, ...)
+    if rest and jax.tree.leaves(rest):
+        raise ValueError("finetune supports models whose state is only nnx.Param")
+    optimizer, train_step = _cached_train_step(graphdef, optimizer_config, tcs, tokens_after,
+                                               model.config.pooling == "cls")
+    params = jax.tree.map(lambda a: jnp.array(a, copy=True), nnx.to_pure_dict(params))  # the step donates its state
+    state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+    clock = {"t": None, "examples": 0}
+
+    def step_fn(state, position):
+        if clock["t"] is None:
+            clock["t"] = time.perf_counter()
+        batch = {k: np.asarray(v) for k, v in batch_fn(position).items()}
+        clock["examples"] += len(next(iter(batch.values())))
+        return train_step(state, batch)
+
+    def row_fn(done, metrics):
+        now = time.perf_counter()
+        row = dict(metrics, step=done, examples_per_s=clock["examples"] / max(now - clock["t"], 1e-9))
+        clock["t"], clock["examples"] = now, 0
+        return row
+
+    out = run_loop(step_fn, state, num_steps=num_steps, log_every=log_every, row_fn=row_fn, progress=progress,
+                   desc="finetune", postfix=lambda row: {"loss": f"{row['loss']:.4f}"})
+    return FitResult(graphdef, out.state, out.history, out.resumed_from)
+
+
 def finetune(model: ViT, *, batch_fn: Callable[[int], Mapping[str, np.ndarray]], num_steps: int,
              optimizer_config: OptimizerConfig, tcs: TCSConfig | None = None,
+             tokens_after: Sequence[int | None] | None = None,
              workdir: str | os.PathLike | None = None, log_every: int = 50, progress: bool = False,
              fingerprint: str | None = None) -> tuple[ViT, FitResult]:
     """Fine-tunes a (pruned) ViT from its current weights through `algorithms.training.fit`.
 
     The pruned structure is the model's shape, so it is kept without re-applying masks. With `tcs`,
-    the loss runs TCS with a fresh patch sample per step (`tcs_seed` = the data position).
+    the loss runs TCS with a fresh patch sample per step (`tcs_seed` = the data position). Without a
+    `workdir` the run is `fit`'s without checkpoints, its jitted train step cached per (structure,
+    optimizer config, loss): fine-tuning several models of one structure compiles once.
 
     Args:
       model: the model to start from.
       batch_fn: `position -> {"image": [b, H, W, c], "label": [b]}` numpy batches.
       num_steps, optimizer_config, workdir, log_every, progress, fingerprint: as in `fit`.
       tcs: run TCS inside the training forward passes.
+      tokens_after: run EViT-style token pruning (`token_pruning_hook`) inside the training forward
+        passes (not with `tcs`).
 
     Returns:
       (fine-tuned ViT, FitResult).
     """
+    if tcs is not None and tokens_after is not None:
+        raise ValueError(f"finetune takes tcs or tokens_after, not both; got tcs={tcs}, tokens_after={tokens_after}")
     graphdef, state = nnx.split(model)
+    has_cls = model.config.pooling == "cls"
     if tcs is not None:
         tcs.check(model.config)
         inner = batch_fn
@@ -748,7 +805,19 @@ def finetune(model: ViT, *, batch_fn: Callable[[int], Mapping[str, np.ndarray]],
         def batch_fn(position):  # noqa: F811  (wraps the caller's stream with the TCS seed)
             return dict(inner(position), tcs_seed=np.uint32(position))
 
-    loss_fn = classification_loss if tcs is None else tcs_loss(tcs, has_cls=model.config.pooling == "cls")
+    tokens_after = None if tokens_after is None else tuple(tokens_after)
+    if workdir is None:
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1; got {num_steps}")
+        result = _finetune_no_checkpoint(model, batch_fn, num_steps, optimizer_config, tcs, tokens_after,
+                                         log_every, progress)
+        return result.model(), result
+    if tcs is not None:
+        loss_fn = tcs_loss(tcs, has_cls=has_cls)
+    elif tokens_after is not None:
+        loss_fn = functools.partial(classification_loss, token_hook=token_pruning_hook(tokens_after, has_cls=has_cls))
+    else:
+        loss_fn = classification_loss
     result = fit(model_fn=lambda rngs: nnx.merge(graphdef, state), optimizer_config=optimizer_config,
                  batch_fn=batch_fn, num_steps=num_steps, workdir=workdir, loss_fn=loss_fn, log_every=log_every,
                  progress=progress, desc="finetune", fingerprint=fingerprint)

@@ -59,6 +59,7 @@ Deviations and inferred parts (marked [INFER] in the spec or chosen here):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable, NamedTuple, Sequence
 
@@ -478,9 +479,16 @@ class DatasetPool(NamedTuple):
 def sample_sets(pool: DatasetPool, idx: jax.Array, key: jax.Array, set_size: int):
     """Draws one set of ``set_size`` distinct examples of each indexed model's dataset (Gumbel top-k).
 
+    Jitted (one program per shape and ``set_size``; inlined when called inside a jitted step).
+
     Returns:
       ``(x [B, S, d_x], y [B, S])``.
     """
+    return _sample_sets(pool, idx, key, set_size)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _sample_sets(pool: DatasetPool, idx: jax.Array, key: jax.Array, set_size: int):
     g = jax.random.gumbel(key, (idx.shape[0], pool.weights.shape[1]))
     w = pool.weights[idx]
     _, take = jax.lax.top_k(jnp.where(w > 0, g, -jnp.inf), set_size)
@@ -603,15 +611,25 @@ def train_weightclip(ae: WeightAE, enc: DatasetEncoder, tokens: np.ndarray, toke
 def embed_models(ae: WeightAE, tokens, *, batch: int = 256) -> np.ndarray:
     """Per-token latents ``[M, T, D]`` of standardised tokens ``[M, T, tokensize]``."""
     g, s = nnx.split(ae)
-    f = jax.jit(lambda s, x: nnx.merge(g, s).encode(x))
-    return np.concatenate([np.asarray(f(s, jnp.asarray(tokens[i:i + batch])))
+    return np.concatenate([np.asarray(_encode(s, jnp.asarray(tokens[i:i + batch]), graphdef=g))
                            for i in range(0, tokens.shape[0], batch)])
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _encode(state, x, *, graphdef):
+    """One compiled program per AE structure and batch shape (reused across calls and trained copies)."""
+    return nnx.merge(graphdef, state).encode(x)
 
 
 def embed_datasets(enc: DatasetEncoder, x, y) -> np.ndarray:
     """Dataset embeddings ``[..., D]`` of sets ``x [..., S, d_x]``, ``y [..., S]``."""
     g, s = nnx.split(enc)
-    return np.asarray(jax.jit(lambda s, x, y: nnx.merge(g, s)(x, y))(s, jnp.asarray(x), jnp.asarray(y)))
+    return np.asarray(_embed_sets(s, jnp.asarray(x), jnp.asarray(y), graphdef=g))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _embed_sets(state, x, y, *, graphdef):
+    return nnx.merge(graphdef, state)(x, y)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation

@@ -120,3 +120,40 @@ def test_data_shapes_and_digits():
     batch = exp._batch_fn(exp.Config(batch_size=5), xtr, ytr, offset=0)
     b1, b2 = batch(3), batch(3)
     assert b1["image"].shape == (5, 16, 16, 1) and np.array_equal(b1["image"], b2["image"])
+
+
+@pytest.mark.parametrize("kind", ["plain", "tcs", "tokens"])
+def test_finetune_without_workdir_equals_fit(kind):
+    """`toast.finetune` without a workdir (the step cached per structure, as every fine-tuning of the
+    experiment runs) gives `fit`'s parameters and history: same initial state, step and data stream."""
+    import functools
+
+    from algorithms.training import OptimizerConfig, fit
+    from models.vit import classification_loss
+
+    cfg = _cfg(num_layers=2)
+    model = ViT(cfg, rngs=nnx.Rngs(0))
+    opt = OptimizerConfig(learning_rate=1e-3, warmup_steps=1, total_steps=3, weight_decay=0.05)
+    rng = np.random.default_rng(0)
+    xs, ys = rng.random((6, 4, 16, 16, 1)).astype(np.float32), rng.integers(0, 10, (6, 4))
+    batch_fn = lambda i: {"image": xs[i], "label": ys[i]}  # noqa: E731
+    tcs = toast.TCSConfig.uniform(2, fc2=0.5, layers=(1,), sample_ratio=0.5) if kind == "tcs" else None
+    plan = (None, 8) if kind == "tokens" else None
+    tuned, res = toast.finetune(model, batch_fn=batch_fn, num_steps=3, optimizer_config=opt, tcs=tcs,
+                                tokens_after=plan, log_every=1)
+    if kind == "tcs":
+        ref_batch, loss = (lambda i: dict(batch_fn(i), tcs_seed=np.uint32(i))), toast.tcs_loss(tcs)
+    else:
+        ref_batch = batch_fn
+        loss = (classification_loss if plan is None else
+                functools.partial(classification_loss, token_hook=toast.token_pruning_hook(plan)))
+    graphdef, state = nnx.split(model)
+    ref = fit(model_fn=lambda rngs: nnx.merge(graphdef, state), optimizer_config=opt, batch_fn=ref_batch,
+              num_steps=3, loss_fn=loss, log_every=1, progress=False)
+    for a, b in zip(jax.tree.leaves(nnx.state(tuned)), jax.tree.leaves(nnx.state(ref.model()))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    assert [r["step"] for r in res.history] == [r["step"] for r in ref.history] == [1, 2, 3]
+    np.testing.assert_allclose([r["loss"] for r in res.history], [r["loss"] for r in ref.history], rtol=1e-6)
+    # The caller's model is untouched (the cached step donates its own copy of the state).
+    for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
