@@ -585,7 +585,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         paper_result=(
             "+1.5% reasoning accuracy with 20.8% shorter traces vs merged training"
         ),
-        inferred="optimizer/reference reset per stage; merged = pooled staged prompts; word-level rewards; the scenes task",
+        inferred="optimizer/reference reset per stage; merged = pooled staged prompts; word-level rewards; the scenes task; one filter model (the warm start) instead of two; the SFT-for-perception arm trains on reference answers",
         status="implemented",
     ),
     # ------------------------------------------------------------------ vision

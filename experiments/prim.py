@@ -26,11 +26,19 @@ Setup (CPU scale, nothing downloaded):
          [r_min, r_max] of the B tokens);
        * PRIM+fusion: PRIM with the aligned-window fusion (gamma = `fusion_gamma`; the model was not
          trained with it, so this is a zero-shot ablation);
-       * PRIM-nofreq: PRIM-pre with the frequency weight 0 (ablation).
+       * PRIM-nofreq: PRIM-pre with the frequency weight 0 (ablation);
+       * PRIM-merge: PRIM whose pruned tokens are merged into their most similar kept token (cosine-
+         weighted average, `merge`) instead of dropped (same budget B; zero-shot like fusion);
+       * PRIM-pyramid: PRIM-pre, then the adaptive retention at layer `pyramid_layer` AND again at
+         layer K on what the first stage kept (two-stage schedule, same p and bounds);
+       * PRIM-eps: as PRIM-pyramid with the second stage replaced by the spec's epsilon rule (drop the
+         least-attended AV tokens whose total raw attention mass is < `eps`, task-adaptive, may be all).
+       The three new arms run at `ablation_fractions` only (they are compared at the check fraction).
      Accuracy on `n_test` held-out questions (argmax of the answer token), modeled FLOPs per question
      (`prim.modeled_flops` on each row's own token counts, scoring included) and measured wall time
      of the jitted pipeline on the whole test set (best of `timing_repeats`; adaptive rows run padded
-     to the cap, so the measured time is an upper bound for PRIM).
+     to the cap, so the measured time is an upper bound for PRIM). Both exclude the encoders, which
+     run in full for every method: the input embeddings are computed once (`embed_test_set`).
 
 Checks (fixed before the run, at the kept fraction `check_fraction` = 0.25; SE of a paired difference
 = std(a_i - b_i) / sqrt(n) over the test questions):
@@ -39,7 +47,10 @@ Checks (fixed before the run, at the kept fraction `check_fraction` = 0.25; SE o
   * PRIM beats uniform pruning at that budget by more than 2 SE (required);
   * PRIM >= FastV - 2 SE at that budget, and PRIM's modeled FLOPs < FastV's (not required: FastV
     spends the full sequence on the first K+1 layers, so it is a more expensive point);
-  * PRIM-pre >= PRIM-nofreq - 2 SE (frequency term not harmful; not required).
+  * PRIM-pre >= PRIM-nofreq - 2 SE (frequency term not harmful; not required);
+  * PRIM-merge >= PRIM - 2 SE (merging keeps the pruned tokens' evidence; not required);
+  * PRIM-pyramid >= PRIM - 2 SE with fewer modeled FLOPs (PyramidDrop's claim; not required);
+  * PRIM-eps >= PRIM - 2 SE with fewer modeled FLOPs (tokens under eps mass are dispensable; not required).
 
 Recipe:
     python -m experiments run prim --preset smoke   # seconds, used by the tests
@@ -72,11 +83,15 @@ from models.transformer import TransformerConfig
 from models.vit import ViTConfig
 from models.vlm import VLM, VLMConfig
 
-_CACHE_VERSION = 1
-METHODS = ("uniform", "fastv", "prim_pre", "prim", "prim_fusion", "prim_nofreq")
+_CACHE_VERSION = 2
+METHODS = ("uniform", "fastv", "prim_pre", "prim", "prim_fusion", "prim_nofreq", "prim_merge", "prim_pyramid",
+           "prim_eps")
+ABLATIONS = ("prim_merge", "prim_pyramid", "prim_eps")  # evaluated at `ablation_fractions` only
 LABELS = {"full": "full tokens", "uniform": "uniform (strided)", "fastv": "FastV-style (in-LM)",
           "prim_pre": "PRIM pre-LM only", "prim": "PRIM (pre-LM + adaptive in-LM)",
-          "prim_fusion": "PRIM + fusion", "prim_nofreq": "PRIM pre-LM, no frequency term"}
+          "prim_fusion": "PRIM + fusion", "prim_nofreq": "PRIM pre-LM, no frequency term",
+          "prim_merge": "PRIM, pruned tokens merged", "prim_pyramid": "PRIM, pyramid (2 in-LM stages)",
+          "prim_eps": "PRIM, pyramid with eps rule"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -114,6 +129,10 @@ class Config:
     relevance: str = "layer0"
     freq_weight: float = 0.3
     fusion_gamma: float = 0.3
+    merge: str = "similarity"  # prim_merge: pruned tokens merged into their most similar kept token
+    pyramid_layer: int = 0  # prim_pyramid / prim_eps: first in-LM stage; the second one is at prune_layer
+    eps: float = 0.1  # prim_eps: epsilon of the second stage (= 1 - retention_mass)
+    ablation_fractions: tuple[float, ...] = (0.5, 0.25)
     # evaluation
     check_fraction: float = 0.25
     max_drop: float = 0.02
@@ -136,6 +155,15 @@ class Config:
         if not 0 <= self.prune_layer < self.num_layers - 1:
             raise ValueError(f"prune_layer: expected in [0, num_layers - 1 = {self.num_layers - 1}), "
                              f"got {self.prune_layer}")
+        two_stage = any(m in self.methods for m in ("prim_pyramid", "prim_eps"))
+        if two_stage and not 0 <= self.pyramid_layer < self.prune_layer:
+            raise ValueError(f"pyramid_layer: expected in [0, prune_layer = {self.prune_layer}), "
+                             f"got {self.pyramid_layer}")
+        if any(m in self.methods for m in ABLATIONS) and self.check_fraction not in self.ablation_fractions:
+            raise ValueError(f"ablation_fractions: expected to hold check_fraction={self.check_fraction}, "
+                             f"got {self.ablation_fractions}")
+        for f in self.ablation_fractions:
+            prim.budget_count(f, 1)
 
 
 # ------------------------------------------------------------------ model and data
@@ -221,17 +249,17 @@ def alignment(c: Config) -> np.ndarray:
 
 
 def _pipeline(c: Config, method: str, fraction: float, layout: prim.Layout, align: np.ndarray):
-    """(vlm, tokens, images, audio, query_pos, query_mask) -> PrunedOutput, for `method` at `fraction`."""
+    """(vlm, x, query_pos, query_mask) -> PrunedOutput, for `method` at `fraction` (x: the input
+    embeddings `vlm.embed(tokens, images, audio)`, computed once for every method by `embed_test_set`)."""
     n_av = layout.num_av
     budget = prim.budget_count(fraction, n_av)
     pcfg = prim.PRIMConfig(relevance=c.relevance, freq_weight=0.0 if method == "prim_nofreq" else c.freq_weight,
                            fusion_gamma=c.fusion_gamma if method == "prim_fusion" else 0.0,
-                           video_window=c.image_size // c.patch_size, audio_window=c.grid)
-    adaptive = prim.InLMPrune(kind="adaptive", layer=c.prune_layer, mass=c.retention_mass, r_min=c.retention_min,
-                              r_max=c.retention_max)
+                           video_window=c.image_size // c.patch_size, audio_window=c.grid,
+                           merge=c.merge if method == "prim_merge" else "none")
+    in_lm = _in_lm_stages(c, method)
 
-    def fn(vlm, tokens, images, audio, qpos, qmask):
-        x = vlm.embed(tokens, images, audio)
+    def fn(vlm, x, qpos, qmask):
         if method == "full":
             return prim.pruned_forward(vlm, prim.full_plan(x, layout), layout, qpos)
         if method == "uniform":
@@ -240,23 +268,56 @@ def _pipeline(c: Config, method: str, fraction: float, layout: prim.Layout, alig
             return prim.pruned_forward(vlm, prim.full_plan(x, layout), layout, qpos,
                                        in_lm=prim.InLMPrune(kind="fastv", layer=c.prune_layer, keep=budget))
         plan = prim.prim_plan(vlm, x, layout, fraction, qmask, config=pcfg, align=align)
-        in_lm = None if method in ("prim_pre", "prim_nofreq") else adaptive
         return prim.pruned_forward(vlm, plan, layout, qpos, in_lm=in_lm)
 
     return fn
 
 
+def _in_lm_stages(c: Config, method: str) -> tuple[prim.InLMPrune, ...]:
+    """The in-LM stages of a PRIM variant: one adaptive stage at K = prune_layer (prim, prim_fusion,
+    prim_merge); the pyramid repeats the same mass rule at pyramid_layer then K; prim_eps replaces the
+    second (deeper) stage by the epsilon rule; none for the pre-LM-only variants."""
+    def adaptive(layer):
+        return prim.InLMPrune(kind="adaptive", layer=layer, mass=c.retention_mass, r_min=c.retention_min,
+                              r_max=c.retention_max)
+    if method in ("prim", "prim_fusion", "prim_merge"):
+        return (adaptive(c.prune_layer),)
+    if method == "prim_pyramid":
+        return (adaptive(c.pyramid_layer), adaptive(c.prune_layer))
+    if method == "prim_eps":
+        return (adaptive(c.pyramid_layer), prim.InLMPrune(kind="epsilon", layer=c.prune_layer, eps=c.eps))
+    return ()
+
+
 def _overhead(c: Config, method: str, cfg: TransformerConfig, n_q: np.ndarray, n_av: int, text: np.ndarray,
-              av_layers: np.ndarray) -> np.ndarray:
-    """Scoring FLOPs per row of `method` (see `prim.scoring_flops`)."""
-    K = c.prune_layer
+              av_layers: np.ndarray, budget: int) -> np.ndarray:
+    """Scoring FLOPs per row of `method` (see `prim.scoring_flops`): the pre-LM relevance, one query row
+    per in-LM stage (over the tokens present at that stage's layer) and, for merging, the cosine
+    similarities of the pruned to the kept tokens (2 D per pair, within each modality; counted as
+    (n - B) B pairs, an upper bound of the per-modality sum)."""
+    layers = [st.layer for st in _in_lm_stages(c, method)]
+    if method == "fastv":
+        layers = [c.prune_layer]
     out = np.zeros(len(n_q))
     for i in range(len(n_q)):
-        if method in ("prim_pre", "prim", "prim_fusion", "prim_nofreq"):
+        if method.startswith("prim"):
             out[i] += prim.scoring_flops(cfg, relevance_queries=int(n_q[i]), relevance_keys=n_av, relevance=c.relevance)
-        if method in ("fastv", "prim", "prim_fusion"):
+        for K in layers:
             out[i] += prim.scoring_flops(cfg, in_lm_keys=int(text[i] + av_layers[i, K]))
+        if method == "prim_merge":
+            out[i] += 2.0 * cfg.d_model * (n_av - budget) * budget
     return out
+
+
+def embed_test_set(c: Config, vlm: VLM, data: dict) -> np.ndarray:
+    """[n, T, D] input embeddings of the test prompts (encoders + token embeddings), shared by every method:
+    the encoders run in full whatever the pruning, so neither the modeled FLOPs nor the measured wall
+    time count them."""
+    graphdef, state = nnx.split(vlm)
+    emb = jax.jit(lambda st, t, i, a: nnx.merge(graphdef, st).embed(t, i, a))
+    return np.concatenate([np.asarray(emb(state, *(jnp.asarray(data[k][s:s + c.eval_batch])
+                                                   for k in ("tokens", "images", "audio"))))
+                           for s in range(0, c.n_test, c.eval_batch)])
 
 
 def evaluate(c: Config, vlm: VLM, data: dict, method: str, fraction: float) -> dict:
@@ -265,7 +326,7 @@ def evaluate(c: Config, vlm: VLM, data: dict, method: str, fraction: float) -> d
     fn = _pipeline(c, method, fraction, layout, alignment(c))
     graphdef, state = nnx.split(vlm)
     run = jax.jit(lambda st, *a: fn(nnx.merge(graphdef, st), *a))
-    keys = ("tokens", "images", "audio", "query_pos", "query_mask")
+    keys = ("x", "query_pos", "query_mask")
     chunks = [tuple(jnp.asarray(data[k][s:s + c.eval_batch]) for k in keys)
               for s in range(0, c.n_test, c.eval_batch)]
     outs = [run(state, *ch) for ch in chunks]
@@ -284,7 +345,7 @@ def evaluate(c: Config, vlm: VLM, data: dict, method: str, fraction: float) -> d
     correct = np.argmax(logits, -1) == data["answers"]
     cfg = vlm.config.lm
     n_q = data["query_mask"].sum(-1)
-    over = _overhead(c, method, cfg, n_q, layout.num_av, text, av_layers)
+    over = _overhead(c, method, cfg, n_q, layout.num_av, text, av_layers, prim.budget_count(fraction, layout.num_av))
     flops = np.array([prim.modeled_flops(cfg, text[i] + av_layers[i], overhead=float(over[i]))
                       for i in range(len(text))])
     kinds = data["kinds"]
@@ -337,6 +398,29 @@ def analyse(c: Config, res: dict) -> tuple[list[Check], dict, str]:
         checks.append(Check(f"frequency term: PRIM-pre minus PRIM-pre without it at {r:.0%}", round(100 * d, 2),
                             "frequency-aware removal helps", f">= -{k:g} paired SE = {-100 * k * se:.2f} points",
                             d >= -k * se, required=False, note="points"))
+    def versus(m, base, name, claim, flops_lower):
+        """A not-required check: `m` >= `base` - k SE at the check fraction (and fewer modeled FLOPs)."""
+        d, se = _paired(at[m]["correct"], at[base]["correct"])
+        stats[f"{m}_minus_{base}"] = {"diff": d, "se": se}
+        fr = at[m]["flops"] / at[base]["flops"]
+        ok = d >= -k * se and (fr < 1 if flops_lower else True)
+        thr = f">= -{k:g} paired SE = {-100 * k * se:.2f} points"
+        thr += f", and modeled FLOPs < {base}'s" if flops_lower else ""
+        kinds = at[m]["per_kind_last_layer_av"]
+        checks.append(Check(name, round(100 * d, 2), claim, thr, ok, required=False,
+                            note=f"{base} {at[base]['accuracy']:.3f}, {m} {at[m]['accuracy']:.3f}; FLOPs ratio "
+                                 f"{fr:.2f}; last-layer AV tokens by kind "
+                                 + ", ".join(f"{q} {v:.1f}" for q, v in kinds.items()) + "; points"))
+
+    if "prim_merge" in at and "prim" in at:
+        versus("prim_merge", "prim", f"merging: PRIM with pruned tokens merged minus PRIM dropping them at {r:.0%}",
+               "merged tokens keep the evidence of the pruned ones", flops_lower=False)
+    if "prim_pyramid" in at and "prim" in at:
+        versus("prim_pyramid", "prim", f"pyramid: PRIM with a second in-LM stage minus single-stage PRIM at {r:.0%}",
+               "a deeper second stage saves FLOPs at no accuracy cost (PyramidDrop)", flops_lower=True)
+    if "prim_eps" in at and "prim" in at:
+        versus("prim_eps", "prim", f"epsilon rule: PRIM (stage 1 + eps stage) minus single-stage PRIM at {r:.0%}",
+               "tokens below eps attention mass are dispensable", flops_lower=True)
     fl = {m: at[m]["flops"] / full["flops"] for m in at}
     context = (f"{c.n_test} held-out questions ({', '.join(c.kinds)}), 45 AV tokens (36 patches + 9 audio frames), "
                f"{c.num_layers}-layer LM d={c.d_model} trained {c.train_steps} steps with full tokens; at {r:.0%}: "
@@ -363,10 +447,13 @@ def run(c: Config, workdir) -> dict:
     workdir = pathlib.Path(workdir)
     vlm = train(c, workdir)
     data = test_set(c)
+    data["x"] = embed_test_set(c, vlm, data)
     base = {k: v for k, v in dataclasses.asdict(c).items() if k not in ("progress", "timing_repeats", "methods",
-                                                                           "fractions", "check_fraction", "max_drop",
+                                                                           "fractions", "ablation_fractions",
+                                                                           "check_fraction", "max_drop",
                                                                            "se_multiple")}
-    units = [("full", 1.0)] + [(m, f) for m in c.methods for f in c.fractions]
+    units = [("full", 1.0)] + [(m, f) for m in c.methods
+                               for f in (c.ablation_fractions if m in ABLATIONS else c.fractions)]
     res: dict = {}
     it = units
     if c.progress:
@@ -427,11 +514,14 @@ EXPERIMENT = registry.Experiment(
     slug="prim",
     config_cls=Config,
     presets={
+        # the smoke run costs what it did before the new arms (3 units, 2 layers); the two-stage arms need
+        # 3 layers and run in the quick preset (their logic is tested in tests/experiments/prim_test.py)
         "smoke": lambda: Config(train_pool=32, n_test=16, eval_batch=16, d_model=16, num_layers=2, num_heads=2,
                                 num_kv_heads=1, d_ff=32, vit_d_model=8, batch_size=8, train_steps=1,
-                                fractions=(0.25,), methods=("uniform", "prim"), prune_layer=0,
+                                fractions=(0.25,), ablation_fractions=(0.25,),
+                                methods=("prim", "prim_merge"), prune_layer=0,
                                 timing_repeats=1, progress=False),
-        "quick": lambda: Config(),
+        "quick": lambda: Config(timing_repeats=2),
         "paper": lambda: Config(d_model=128, num_layers=4, num_heads=4, d_ff=512, vit_layers=2, train_pool=32768,
                                 train_steps=4000, n_test=4096, fractions=(1.0, 0.75, 0.5, 0.25, 0.125, 0.0625)),
     },

@@ -29,8 +29,15 @@ Pipeline (`prim_plan` then `pruned_forward`), all [INFERRED] from the spec:
      (DFT along the window, bins with frequency index min(k, w - k) >= cutoff kept, inverse DFT) is its
      score. cutoff = 1 removes only the DC bin: tokens equal to their window's mean (static background,
      silence) score 0. The per-modality score is (1 - lambda) rho / max rho + lambda f / max f, and
-     the top b_v video and top b_a audio tokens are kept (`prim_plan`). The spec's MERGING of low-energy
-     runs into one averaged token is NOT implemented (selection only; see "Missing" below).
+     the top b_v video and top b_a audio tokens are kept (`prim_plan`).
+  4b. Merging `merge_pruned` (`PRIMConfig.merge`, off by default): instead of being dropped, every pruned
+     token of a modality is merged into its most cosine-similar KEPT token of the same modality:
+     x'_k = (x_k + sum_{j -> k} w_j x_j) / (1 + sum_{j -> k} w_j) with w_j = max(cos(x_j, x_k), 0)
+     ("similarity") or w_j = 1 ("mean": the plain group mean, the spec's unit-test form). [INFERRED]
+     twice over: the spec's merging step collapses low-DC-energy (static) runs into one averaged token;
+     here the tokens the frequency-aware ranking removes are the ones merged (ToMe / VisionZip-style
+     target choice), so merging changes the kept tokens' embeddings but never the budget. The merged
+     token keeps the kept token's position; no size-proportional attention (ToMe's log-size bias).
   5. In-LM adaptive retention (`InLMPrune(kind="adaptive")`): at layer K the attention of the last
      prompt token to every remaining AV token (mean over heads, renormalised over AV tokens) is sorted;
      each row keeps the smallest set whose mass reaches p, bounded by [r_min, r_max] times the AV
@@ -38,6 +45,18 @@ Pipeline (`prim_plan` then `pruned_forward`), all [INFERRED] from the spec:
      ceil(r_max n) and the extra slots are isolated by segment ids (no real token attends to them),
      so every row computes exactly what its kept set defines; `modeled_flops` counts each row's own
      count (what a ragged or batch-1 implementation runs), the measured wall time runs the cap.
+  6. Pyramid schedule: `pruned_forward(in_lm=(stage_1, stage_2, ...))` applies retention again at
+     deeper layers (strictly increasing `layer`s), each stage ranking the tokens the previous one kept
+     with its own layer's attention row (PyramidDrop's schedule; the spec: "optionally repeat at a
+     deeper layer"). [INFERRED] layers and ratios: the spec names none; the experiment repeats the
+     same mass rule (p, [r_min, r_max] of the tokens present in each row) at a second layer.
+  7. Epsilon rule (`InLMPrune(kind="epsilon", eps=...)`, spec: "drop all AV tokens in the last layers
+     if their attention mass falls below eps"): with the query row's RAW attention (mean over heads,
+     NOT renormalised over AV tokens, so text tokens hold the rest of the mass), the largest set of
+     least-attended AV tokens whose total mass is < eps is dropped (`epsilon_keep_count`). When the
+     whole AV mass is < eps every AV token goes (the spec's literal rule); otherwise only the tail.
+     The budget is task-adaptive (per row, possibly 0). [INFERRED]: the spec gives no eps and no
+     layer; the tail form generalises its all-or-nothing sentence.
 
 Baselines at the same budget B (the number of AV tokens that enter the LM):
   * `uniform_plan`: strided pruning, each modality keeps a share proportional to its size,
@@ -61,9 +80,10 @@ attention row of the in-LM stage). The encoders run in full for every method and
 Dimension legend: `b` batch, `t` sequence tokens, `n` AV tokens (n_v video, n_a audio), `q` question
 tokens, `D` LM width, `h` heads, `d` head dim, `w` window, `L` layers, `B` AV token budget.
 
-Missing / weak (spec 4 (b)): merging of low-energy tokens, the pyramid (second in-LM stage) and the
-final "drop all AV tokens below eps" rule are not implemented; the in-LM attention row is recomputed
-from the layer's weights (one query row) rather than taken from a flash kernel's designated rows.
+Missing / weak (spec 4 (b)): merging is of the pruned tokens into kept ones (not of static DC runs
+into one new token, which would change the budget); no KV-cache decode after pruning (the experiment
+answers with one token); the in-LM attention row is recomputed from the layer's weights (one query
+row) rather than taken from a flash kernel's designated rows.
 
 References:
   Spec: /work/shared/papers/specs/inference_moe.md section 4 (PRIM: Song Li, Yongping Xiong, ICML 2026;
@@ -87,7 +107,8 @@ from primitives import attention as attn_lib
 __all__ = [
     "TEXT", "VIDEO", "AUDIO", "PRIMConfig", "InLMPrune", "Layout", "Plan", "PrunedOutput",
     "budget_count", "layout_from_tokens", "modality_budgets", "text_relevance", "frequency_scores",
-    "fuse_audio_visual", "cumulative_mass_count", "keep_indices", "uniform_plan", "full_plan", "prim_plan",
+    "fuse_audio_visual", "merge_pruned", "cumulative_mass_count", "epsilon_keep_count", "keep_indices",
+    "uniform_plan", "full_plan", "prim_plan",
     "pruned_forward", "scoring_flops", "modeled_flops",
 ]
 
@@ -109,6 +130,8 @@ class PRIMConfig:
       video_window / audio_window: window lengths (tokens) of the frequency scores.
       freq_cutoff: lowest kept frequency index (>= 1; 1 removes the DC bin only).
       min_per_modality: b_min, tokens each modality keeps at least (when it has them and B allows).
+      merge: "none" (pruned tokens dropped), "similarity" or "mean" (pruned tokens merged into their
+        most similar kept token, `merge_pruned`).
     """
 
     relevance: str = "layer0"
@@ -118,8 +141,11 @@ class PRIMConfig:
     audio_window: int = 3
     freq_cutoff: int = 1
     min_per_modality: int = 1
+    merge: str = "none"
 
     def __post_init__(self):
+        if self.merge not in ("none", "similarity", "mean"):
+            raise ValueError(f"merge: expected 'none', 'similarity' or 'mean', got {self.merge!r}")
         if self.relevance not in ("layer0", "embed"):
             raise ValueError(f"relevance: expected 'layer0' or 'embed', got {self.relevance!r}")
         if not (math.isfinite(self.fusion_gamma) and self.fusion_gamma >= 0):
@@ -139,12 +165,14 @@ class InLMPrune:
     """One in-LM pruning stage after layer `layer` (0-based; layers > layer run on the kept tokens).
 
     Attributes:
-      kind: "fastv" (keep the `keep` AV tokens most attended by the query row) or "adaptive"
-        (PRIM: the smallest set reaching attention mass `mass`, in [r_min, r_max] of those present).
+      kind: "fastv" (keep the `keep` AV tokens most attended by the query row), "adaptive"
+        (PRIM: the smallest set reaching attention mass `mass`, in [r_min, r_max] of those present) or
+        "epsilon" (drop the least-attended AV tokens whose total raw attention mass is < `eps`).
       layer: K, the layer whose attention row ranks the tokens.
       keep: AV tokens kept by "fastv" (an int >= 1).
       mass: p in (0, 1] of "adaptive".
       r_min, r_max: bounds of "adaptive" as fractions in (0, 1] of the AV tokens present (r_min <= r_max).
+      eps: epsilon in [0, 1) of "epsilon" (0 keeps every token).
     """
 
     kind: str
@@ -153,10 +181,13 @@ class InLMPrune:
     mass: float = 0.9
     r_min: float = 0.25
     r_max: float = 1.0
+    eps: float = 0.1
 
     def __post_init__(self):
-        if self.kind not in ("fastv", "adaptive"):
-            raise ValueError(f"kind: expected 'fastv' or 'adaptive', got {self.kind!r}")
+        if self.kind not in ("fastv", "adaptive", "epsilon"):
+            raise ValueError(f"kind: expected 'fastv', 'adaptive' or 'epsilon', got {self.kind!r}")
+        if not 0.0 <= self.eps < 1.0:
+            raise ValueError(f"eps: expected a value in [0, 1), got {self.eps!r}")
         if not isinstance(self.layer, int) or self.layer < 0:
             raise ValueError(f"layer: expected an int >= 0, got {self.layer!r}")
         if not isinstance(self.keep, int) or self.keep < 1:
@@ -197,12 +228,13 @@ class PrunedOutput(NamedTuple):
     """`logits` [b, v] float32 at the query row; `av_per_layer` [b, L] int32 AV tokens up to the query
     that each row's layer l really attends over (kept, not padding); `text_tokens` [b] int32 real text
     tokens up to the query; `final_keep` [b, t] bool over the FULL sequence: the tokens the last layer
-    runs on (padding slots excluded)."""
+    runs on (padding slots excluded); `layer_keep` [b, L, t] bool: the same for every layer."""
 
     logits: jax.Array
     av_per_layer: jax.Array
     text_tokens: jax.Array
     final_keep: jax.Array
+    layer_keep: jax.Array
 
 
 # ------------------------------------------------------------------ budgets and layouts
@@ -366,6 +398,66 @@ def fuse_audio_visual(v: jax.Array, a: jax.Array, align: np.ndarray, rho_v: jax.
     return v2, a2
 
 
+def merge_pruned(x: jax.Array, keep: jax.Array, *, weights: str = "similarity") -> jax.Array:
+    """Merges every pruned token into its most similar kept token (spec 4 (b) 2 merging, [INFERRED]).
+
+    For a pruned j (keep[b, j] False) the target is t(j) = argmax over kept k of cos(x_j, x_k) (ties:
+    lowest k); each kept token becomes the weighted average of itself (weight 1) and the tokens merged
+    into it: x'_k = (x_k + sum_{t(j) = k} w_j x_j) / (1 + sum_{t(j) = k} w_j), with
+    w_j = max(cos(x_j, x_{t(j)}), 0) for weights="similarity" and w_j = 1 for weights="mean" (the
+    plain group mean). Pruned rows are returned unchanged (they are not gathered); with no pruned
+    token, or no kept token to merge into, the output equals `x`.
+
+    Args:
+      x: [b, n, D] tokens of ONE modality; keep: [b, n] bool, the kept ones.
+      weights: "similarity" or "mean".
+
+    Returns:
+      [b, n, D] in x's dtype.
+
+    Raises:
+      ValueError: naming the argument for shapes that disagree or an unknown `weights`.
+    """
+    if x.ndim != 3 or keep.shape != x.shape[:2]:
+        raise ValueError(f"x, keep: expected [b, n, D] and [b, n], got {x.shape} and {keep.shape}")
+    if weights not in ("similarity", "mean"):
+        raise ValueError(f"weights: expected 'similarity' or 'mean', got {weights!r}")
+    xf = x.astype(jnp.float32)
+    unit = xf / jnp.maximum(jnp.linalg.norm(xf, axis=-1, keepdims=True), 1e-12)
+    sim = jnp.einsum("bjd,bkd->bjk", unit, unit)  # [b, src, dst]
+    sim_kept = jnp.where(keep[:, None, :], sim, -jnp.inf)
+    tgt = jnp.argmax(sim_kept, axis=-1)  # [b, n]
+    best = jnp.take_along_axis(sim, tgt[..., None], axis=-1)[..., 0]
+    w = jnp.maximum(best, 0.0) if weights == "similarity" else jnp.ones_like(best)
+    w = w * (~keep) * jnp.any(keep, axis=-1, keepdims=True)
+    assign = jax.nn.one_hot(tgt, x.shape[1], dtype=jnp.float32) * w[..., None]  # [b, src, dst]
+    num = xf + jnp.einsum("bjk,bjd->bkd", assign, xf)
+    den = 1.0 + assign.sum(axis=1)[..., None]
+    return jnp.where(keep[..., None], num / den, xf).astype(x.dtype)
+
+
+def epsilon_keep_count(probs: jax.Array, valid: jax.Array, *, eps: float) -> jax.Array:
+    """[b] int32: valid entries left after dropping the largest set of smallest `probs` whose total is
+    < `eps` (spec 4 (b) 3, "drop AV tokens whose attention mass falls below eps", [INFERRED]).
+
+    `probs` are NOT renormalised over the valid entries (raw attention of the query row, whose other
+    mass sits on text tokens): if all valid entries sum to < eps, the count is 0.
+
+    Args:
+      probs: [b, n] nonnegative; valid: [b, n] bool; eps: in [0, 1).
+    """
+    if probs.shape != valid.shape or probs.ndim != 2:
+        raise ValueError(f"probs, valid: expected matching [b, n], got {probs.shape} and {valid.shape}")
+    if not 0.0 <= eps < 1.0:
+        raise ValueError(f"eps: expected a value in [0, 1), got {eps!r}")
+    srt = jnp.sort(jnp.where(valid, probs.astype(jnp.float32), jnp.inf), axis=-1)  # valid ascending, then inf
+    n_valid = jnp.sum(valid, axis=-1)
+    in_range = jnp.arange(probs.shape[1])[None, :] < n_valid[:, None]
+    cum = jnp.cumsum(jnp.where(in_range, srt, 0.0), axis=-1)
+    dropped = jnp.sum(in_range & (cum < eps), axis=-1)
+    return (n_valid - dropped).astype(jnp.int32)
+
+
 def cumulative_mass_count(probs: jax.Array, valid: jax.Array, *, mass: float, lo: jax.Array | int,
                           hi: jax.Array | int) -> jax.Array:
     """[b] int32: the smallest k such that the k largest of `probs` over `valid` entries, renormalised
@@ -473,6 +565,8 @@ def prim_plan(vlm, x: jax.Array, layout: Layout, fraction: float, query_mask: ja
         raise ValueError(f"query_mask: expected shape {x.shape[:2]}, got {query_mask.shape}")
     if config.fusion_gamma > 0 and align is None:
         raise ValueError("align: needed when config.fusion_gamma > 0")
+    if not isinstance(config, PRIMConfig):
+        raise ValueError(f"config: expected a PRIMConfig, got {type(config).__name__}")
     b, t = x.shape[:2]
     av = np.flatnonzero(layout.modality != TEXT)
     positions = jnp.broadcast_to(jnp.arange(t)[None], (b, t))
@@ -499,7 +593,10 @@ def prim_plan(vlm, x: jax.Array, layout: Layout, fraction: float, query_mask: ja
         f = frequency_scores(x[:, idx], window=window, cutoff=config.freq_cutoff)
         score = ((1 - lam) * rel / jnp.maximum(rel.max(-1, keepdims=True), 1e-30)
                  + lam * f / jnp.maximum(f.max(-1, keepdims=True), 1e-30))
-        keep = keep.at[:, idx].set(_row_ranks(score) < bm[:, None])
+        kept_m = _row_ranks(score) < bm[:, None]
+        keep = keep.at[:, idx].set(kept_m)
+        if config.merge != "none":
+            x = x.at[:, idx].set(merge_pruned(x[:, idx], kept_m, weights=config.merge))
     n_keep = int(np.sum(layout.modality == TEXT)) + budget
     return Plan(keep_indices(keep, n_keep), x)
 
@@ -525,8 +622,30 @@ def _query_attention(layer, x, positions, segment_ids, query_index, config) -> j
     return jax.nn.softmax(s, axis=-1).mean(axis=1)
 
 
+def _stages(in_lm, num_layers: int) -> dict:
+    """{layer: InLMPrune} of `in_lm` (None, one stage, or a sequence with strictly increasing layers)."""
+    if in_lm is None:
+        return {}
+    stages = (in_lm,) if isinstance(in_lm, InLMPrune) else tuple(in_lm)
+    for st in stages:
+        if not isinstance(st, InLMPrune):
+            raise ValueError(f"in_lm: expected InLMPrune stages, got {type(st).__name__}")
+    layers = [st.layer for st in stages]
+    if any(b <= a for a, b in zip(layers, layers[1:])):
+        raise ValueError(f"in_lm: expected strictly increasing stage layers, got {layers}")
+    if stages and not layers[-1] < num_layers - 1:
+        raise ValueError(f"in_lm.layer: expected < num_layers - 1 = {num_layers - 1} (later layers must remain), "
+                         f"got {layers[-1]}")
+    return {st.layer: st for st in stages}
+
+
+def _ceil_table(r: float, n: int) -> jax.Array:
+    """[n + 1] int32 lookup ceil(r m) for m = 0..n (Python arithmetic, so static and per-row bounds agree)."""
+    return jnp.asarray([math.ceil(r * m) for m in range(n + 1)], jnp.int32)
+
+
 def pruned_forward(vlm, plan: Plan, layout: Layout, query_pos: jax.Array, *,
-                   in_lm: InLMPrune | None = None) -> PrunedOutput:
+                   in_lm=None) -> PrunedOutput:
     """Runs the LM on the plan's kept tokens (original positions), optionally pruning inside the LM.
 
     Args:
@@ -534,23 +653,25 @@ def pruned_forward(vlm, plan: Plan, layout: Layout, query_pos: jax.Array, *,
       plan: `Plan` (keep [b, t'] ascending, x [b, t, D]); the query row must be kept.
       layout: the static layout of the full sequence.
       query_pos: [b] int, the full-sequence index of each row's query (last prompt) token; its logits
-        are returned, and its attention at layer `in_lm.layer` ranks the AV tokens.
-      in_lm: an in-LM stage or None.
+        are returned, and its attention at each stage's layer ranks the AV tokens.
+      in_lm: None, one `InLMPrune`, or a sequence of them with strictly increasing layers (the pyramid
+        schedule: each stage prunes what the previous one kept). A stage at layer K keeps its tokens
+        for layers > K. Bounds of "adaptive" ([r_min, r_max]) and "fastv"'s `keep` apply to the AV
+        tokens present in each row at that stage; rows whose count is below the stage's static cap
+        carry padding slots, isolated by segment ids.
 
     Returns:
       PrunedOutput (logits at the query row; per-layer AV counts; text tokens up to the query).
 
     Raises:
-      ValueError: naming the argument, for an in-LM layer outside [0, L - 1).
+      ValueError: naming the argument, for a stage layer outside [0, L - 1) or out of order.
     """
     lm, c = vlm.lm, vlm.config.lm
-    L = c.num_layers
-    if in_lm is not None and not in_lm.layer < L - 1:
-        raise ValueError(f"in_lm.layer: expected < num_layers - 1 = {L - 1} (later layers must remain), "
-                         f"got {in_lm.layer}")
+    stages = _stages(in_lm, c.num_layers)
     query_pos = jnp.asarray(query_pos, jnp.int32)
     keep = plan.keep
     b = keep.shape[0]
+    t_full = len(layout.modality)
     if query_pos.shape != (b,):
         raise ValueError(f"query_pos: expected shape ({b},), got {query_pos.shape}")
     x = jnp.take_along_axis(plan.x, keep[:, :, None], axis=1)
@@ -559,37 +680,50 @@ def pruned_forward(vlm, plan: Plan, layout: Layout, query_pos: jax.Array, *,
     av = mod != TEXT
     q_idx = jnp.sum(keep < query_pos[:, None], axis=1).astype(jnp.int32)
     text_tokens = jnp.sum((~av) & (positions <= query_pos[:, None]), axis=1).astype(jnp.int32)
+    n_text = int(np.sum(layout.modality == TEXT))
     real = jnp.ones(keep.shape, bool)
     seg = None
-    counts = []
+    counts, layer_keep = [], []
+    rows = jnp.arange(b)[:, None]
     for l, layer in enumerate(lm.layers):
         counts.append(jnp.sum(av & real & (positions <= query_pos[:, None]), axis=1))
+        layer_keep.append(jnp.zeros((b, t_full), bool).at[rows, positions].set(real))
         x_in = x
         x = layer(x, positions, segment_ids=seg)[0]
-        if in_lm is not None and l == in_lm.layer:
-            probs = _query_attention(layer, x_in, positions, seg, q_idx, c)
-            valid = av & real
-            n_text = int(np.sum(layout.modality == TEXT))
-            n_present = int(av.shape[1] - n_text)  # AV slots in the sequence (text is never dropped)
-            if in_lm.kind == "fastv":
-                cap = min(in_lm.keep, n_present)
-                count = jnp.full((b,), cap, jnp.int32)
-            else:
-                cap = max(1, math.ceil(in_lm.r_max * n_present))
-                lo = max(1, math.ceil(in_lm.r_min * n_present))
-                count = cumulative_mass_count(probs, valid, mass=in_lm.mass, lo=min(lo, cap), hi=cap)
-            rank = _row_ranks(jnp.where(valid, probs, -1.0))
-            keep_mask = (~av) | (rank < cap)
-            idx = keep_indices(keep_mask, n_text + cap)
-            real_new = jnp.take_along_axis((~av) | (rank < count[:, None]), idx, axis=1)
-            x = jnp.take_along_axis(x, idx[:, :, None], axis=1)
-            positions = jnp.take_along_axis(positions, idx, axis=1)
-            av = jnp.take_along_axis(av, idx, axis=1)
-            q_idx = jnp.sum(idx < q_idx[:, None], axis=1).astype(jnp.int32)
-            real = real_new
-            if in_lm.kind == "adaptive" and cap > lo:
-                seg = real.astype(jnp.int32)
-    final_keep = jnp.zeros((b, len(layout.modality)), bool).at[jnp.arange(b)[:, None], positions].set(real)
+        st = stages.get(l)
+        if st is None:
+            continue
+        probs = _query_attention(layer, x_in, positions, seg, q_idx, c)
+        valid = av & real
+        n_valid = jnp.sum(valid, axis=1).astype(jnp.int32)
+        n_slots = int(av.shape[1] - n_text)  # AV slots in the sequence (text is never dropped)
+        if st.kind == "fastv":
+            cap = min(st.keep, n_slots)
+            count = jnp.minimum(n_valid, cap)
+            padded = seg is not None
+        elif st.kind == "adaptive":
+            cap = max(1, math.ceil(st.r_max * n_slots))
+            lo = jnp.minimum(jnp.maximum(1, _ceil_table(st.r_min, n_slots)[n_valid]), cap)
+            hi = jnp.minimum(jnp.maximum(1, _ceil_table(st.r_max, n_slots)[n_valid]), cap)
+            count = jnp.minimum(cumulative_mass_count(probs, valid, mass=st.mass, lo=lo, hi=hi), n_valid)
+            padded = seg is not None or cap > min(max(1, math.ceil(st.r_min * n_slots)), cap)
+        else:  # epsilon
+            cap = n_slots
+            count = epsilon_keep_count(probs, valid, eps=st.eps)
+            padded = True
+        # valid AV tokens first (by attention), then padding AV slots, then text: exactly `cap` AV slots kept
+        rank = _row_ranks(jnp.where(valid, probs, jnp.where(av, -1.0, -2.0)))
+        keep_mask = (~av) | (rank < cap)
+        idx = keep_indices(keep_mask, n_text + cap)
+        real_new = jnp.take_along_axis((~av) | (valid & (rank < count[:, None])), idx, axis=1)
+        x = jnp.take_along_axis(x, idx[:, :, None], axis=1)
+        positions = jnp.take_along_axis(positions, idx, axis=1)
+        av = jnp.take_along_axis(av, idx, axis=1)
+        q_idx = jnp.sum(idx < q_idx[:, None], axis=1).astype(jnp.int32)
+        real = real_new
+        if padded:
+            seg = real.astype(jnp.int32)
+    layer_keep = jnp.stack(layer_keep, axis=1)
     x = jnp.take_along_axis(x, q_idx[:, None, None], axis=1)
     h = lm.final_norm(x)
     if c.tie_embeddings:
@@ -597,7 +731,7 @@ def pruned_forward(vlm, plan: Plan, layout: Layout, query_pos: jax.Array, *,
     else:
         logits = h @ lm.unembed[...].astype(c.compute_dtype)
     return PrunedOutput(logits[:, 0].astype(jnp.float32), jnp.stack(counts, axis=1).astype(jnp.int32), text_tokens,
-                        final_keep)
+                        layer_keep[:, -1], layer_keep)
 
 
 # ------------------------------------------------------------------ compute model

@@ -18,6 +18,14 @@ What this module provides (pure pieces + a small driver):
   * the curriculum: `Stage`, `Schedule` (`staged_schedule`, `merged_schedule`), `make_prompt_fn`
     (per-stage prompt sources; merged = the union of exactly the staged prompts, shuffled) and
     `train_staged` (orbax checkpoint per iteration, resume mid-stage to the same parameters);
+  * the data side of the recipe: `perception_filter` (keep a perception question iff every filter
+    model fails it from the image but answers it from the caption), `difficulty_order` (the
+    difficulty curriculum: easy -> hard by pass rate, ties shuffled by a seed, solved prompts
+    dropped), `pool_source` (a stage's prompt source reading a filtered / ordered pool in order,
+    so the curriculum order is the order the stage visits) and `estimate_pass_rates` (k sampled
+    completions per prompt);
+  * the SFT-for-perception ablation: a `Stage` with `trainer="sft"` is trained by supervised
+    next-token steps on the same prompts (`train_staged(..., sft_fn=...)`) instead of GRPO;
   * `vlm_sft` (the supervised warm-up so that GRPO has signal) and `greedy_completions` (eval).
 
 Why the VLM rollout / update live here and not in `algorithms.rl.grpo`: the engine's
@@ -48,6 +56,17 @@ INFERRED (not fixed by the paper / spec):
     "</think>" and "\\boxed" are single tokens and the boxed content is the single word after the
     last "\\boxed" (mathruler's `grade_answer` becomes exact string equality of that word).
   * greedy decoding for evaluation (the paper validates at temperature 0.6, top-p 0.95).
+  * perception filter: the paper's filter VLMs answer a multiple-choice question once each
+    (correct / wrong); `perception_filter` takes per-model pass rates and keeps a sample iff
+    img pass rate <= `img_max` (default 0: wrong) and caption pass rate >= `caption_min` (default
+    1: right) for every model, which is the paper's rule for 0/1 (greedy) correctness [READ]; the
+    thresholds for k-sample pass rates are an [INFER] generalisation.
+  * difficulty curriculum: the released script sorts the whole stage file once by the base
+    model's pass rate (k samples; k = 8 by default [INFER, set in unread shell scripts]) and trains
+    with `data.shuffle=false` [READ]; here the stage's prompts are visited once in that order.
+  * SFT-for-perception: the paper's ablation fine-tunes on captions; here the perception stage
+    is SFT on the same prompts' supervised responses with the same optimizer, optimizer steps per
+    iteration and iterations as the RL stage [INFER: "same examples, same steps" budget].
 
 References:
   Shao et al., "DeepSeekMath" (GRPO), arXiv:2402.03300, 2024.
@@ -83,7 +102,8 @@ __all__ = [
     "VLMPromptBatch", "VLMRollout", "StagedState", "StagedResult",
     "Stage", "Schedule", "staged_schedule", "merged_schedule", "make_prompt_fn",
     "vision_mask", "vlm_logprobs", "sample_vlm_rollout", "vlm_update", "train_staged",
-    "vlm_sft", "greedy_completions",
+    "vlm_sft", "greedy_completions", "TRAINERS",
+    "perception_filter", "difficulty_order", "pool_source", "estimate_pass_rates",
 ]
 
 THINK, END_THINK, BOXED = "<think>", "</think>", "\\boxed"
@@ -92,6 +112,7 @@ STAGES = ("perception", "text_reasoning", "visual_reasoning")
 PAPER_ORDER = ("perception", "text_reasoning", "visual_reasoning")  # released recipe (code / README)
 ABSTRACT_ORDER = ("perception", "visual_reasoning", "text_reasoning")  # the abstract's enumeration
 VISION_KEYS = ("vit", "img_proj1", "img_proj2")
+TRAINERS = ("grpo", "sft")
 
 
 # --- rewards ----------------------------------------------------------------------------------------
@@ -246,11 +267,16 @@ class StagedResult(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-    """One stage: a prompt source `name`, its RL iterations, and whether the vision tower trains."""
+    """One stage: a prompt source `name`, its iterations, whether the vision tower trains, and its trainer.
+
+    `trainer` is "grpo" (RL, the recipe) or "sft" (supervised steps on the same prompts' reference
+    responses: the SFT-for-perception ablation).
+    """
 
     name: str
     iterations: int
     train_vision: bool = True
+    trainer: str = "grpo"
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -258,6 +284,8 @@ class Stage:
         if isinstance(self.iterations, bool) or not isinstance(self.iterations, (int, np.integer)) \
                 or self.iterations < 1:
             raise ValueError(f"Stage.iterations: expected an int >= 1, got {self.iterations!r}")
+        if self.trainer not in TRAINERS:
+            raise ValueError(f"Stage.trainer: expected one of {TRAINERS}, got {self.trainer!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,11 +352,15 @@ class Schedule:
 
 
 def staged_schedule(order: Sequence[str], iterations: Mapping[str, int], *,
-                    frozen_vision: Sequence[str] = ("text_reasoning",)) -> Schedule:
+                    frozen_vision: Sequence[str] = ("text_reasoning",), sft_stages: Sequence[str] = ()) -> Schedule:
     """Stages in `order`, each with `iterations[name]` iterations (the vision tower frozen in `frozen_vision`).
 
+    The stages named in `sft_stages` are trained by SFT instead of GRPO (e.g. `("perception",)` for
+    the SFT-for-perception ablation); the others by GRPO.
+
     Raises:
-      ValueError: an empty or repeated order, or a stage without an iteration count.
+      ValueError: an empty or repeated order, a stage without an iteration count, or an SFT stage
+        outside the order.
     """
     order = tuple(order)
     if not order or len(set(order)) != len(order):
@@ -336,13 +368,19 @@ def staged_schedule(order: Sequence[str], iterations: Mapping[str, int], *,
     missing = [n for n in order if n not in iterations]
     if missing:
         raise ValueError(f"iterations: expected a count for every stage of the order {order}, missing {missing}")
-    return Schedule(tuple(Stage(n, int(iterations[n]), n not in frozen_vision) for n in order))
+    extra = [n for n in sft_stages if n not in order]
+    if extra:
+        raise ValueError(f"sft_stages: expected stages of the order {order}, got {extra}")
+    return Schedule(tuple(Stage(n, int(iterations[n]), n not in frozen_vision, "sft" if n in sft_stages else "grpo")
+                          for n in order))
 
 
 def merged_schedule(schedule: Schedule, *, train_vision: bool = True) -> Schedule:
     """Merged training on the union of `schedule`'s stages: one stage, the same total iterations."""
     if schedule.merged:
         raise ValueError("schedule: expected a staged schedule, got a merged one")
+    if any(s.trainer != "grpo" for s in schedule.stages):
+        raise ValueError("schedule: merged training pools GRPO stages; got an SFT stage")
     return Schedule((Stage("merged", schedule.total_iterations, train_vision),), pooled=schedule.stages)
 
 
@@ -403,6 +441,144 @@ def make_prompt_fn(schedule: Schedule, sources: Mapping[str, Callable[[int], VLM
         return _stack_batches([(read(n, k), r) for n, k, r in (items[j] for j in perm[i * B:(i + 1) * B])])
 
     return merged_fn
+
+
+# --- the data side: perception filter, difficulty curriculum ----------------------------------------
+
+
+def _rates(x, name: str) -> np.ndarray:
+    a = np.asarray(x, np.float64)
+    if a.ndim == 1:
+        a = a[None]
+    if a.ndim != 2 or a.shape[1] == 0:
+        raise ValueError(f"{name}: expected pass rates [n] or [m, n] (m filter models, n samples), got shape "
+                         f"{np.shape(x)}")
+    if not np.all((a >= 0) & (a <= 1)):
+        raise ValueError(f"{name}: expected pass rates in [0, 1], got values in [{a.min()}, {a.max()}]")
+    return a
+
+
+def perception_filter(img_pass, caption_pass, *, img_max: float = 0.0, caption_min: float = 1.0) -> np.ndarray:
+    """The perception-data filter: keep a sample iff every filter model fails it from the image but solves it from the caption.
+
+    Spec section 10 (b): keep iff  A_img(Q|I) != A  and  A_cap(Q|C) = A  for *both* filter VLMs
+    (the intersection). With 0/1 correctness (one greedy answer per model) the defaults are exactly
+    that rule; with k-sample pass rates a sample counts as "failed from the image" when its pass
+    rate is <= `img_max` and "solved from the caption" when it is >= `caption_min`.
+
+    Args:
+      img_pass: [n] or [m, n] pass rates (or 0/1 correctness) of m filter models answering from the image.
+      caption_pass: the same shape, answering from the caption (the image given as text).
+      img_max, caption_min: thresholds in [0, 1].
+
+    Returns:
+      [n] bool keep mask.
+
+    Example:
+      >>> perception_filter([[0, 0, 1, 0], [0, 1, 1, 0]], [[1, 1, 1, 0], [1, 1, 1, 1]]).tolist()
+      [True, False, False, False]
+    """
+    img, cap = _rates(img_pass, "img_pass"), _rates(caption_pass, "caption_pass")
+    if img.shape != cap.shape:
+        raise ValueError(f"caption_pass: expected the shape of img_pass {img.shape}, got {cap.shape}")
+    for name, v in (("img_max", img_max), ("caption_min", caption_min)):
+        if not 0.0 <= float(v) <= 1.0:
+            raise ValueError(f"{name}: expected a value in [0, 1], got {v!r}")
+    return np.all((img <= img_max) & (cap >= caption_min), axis=0)
+
+
+def difficulty_order(pass_rates, *, seed: int = 42, drop_solved: bool = True) -> np.ndarray:
+    """The difficulty curriculum: sample indices sorted easy -> hard by pass rate.
+
+    Spec section 10 (b) (the released passK curriculum script): pass_rate = fraction of k base-model
+    samples that are correct; sort descending (easy first), shuffle ties with `seed` (42 in the
+    recipe), drop pass_rate = 1 samples; training then reads the data in this order.
+
+    Args:
+      pass_rates: [n] pass rates in [0, 1].
+      seed: the tie shuffle's seed.
+      drop_solved: drop the samples with pass rate 1.
+
+    Returns:
+      int64 indices into `pass_rates` (pass rate non-increasing along them).
+
+    Example:
+      >>> difficulty_order([0.5, 1.0, 0.25, 0.75]).tolist()
+      [3, 0, 2]
+    """
+    rates = np.asarray(pass_rates, np.float64)
+    if rates.ndim != 1 or not np.all((rates >= 0) & (rates <= 1)):
+        raise ValueError(f"pass_rates: expected a 1-D array of values in [0, 1], got shape {rates.shape} "
+                         f"and values {rates.tolist() if rates.size < 20 else '...'}")
+    perm = np.random.default_rng(seed).permutation(rates.shape[0])  # ties end up in this random order
+    order = perm[np.argsort(-rates[perm], kind="stable")]
+    return order[rates[order] < 1.0] if drop_solved else order
+
+
+def pool_source(pool: VLMPromptBatch, rows: Sequence[int], batch_size: int) -> Callable[[int], VLMPromptBatch]:
+    """A stage's prompt source over a pool: stage iteration k reads `pool` rows `rows[k*B:(k+1)*B]`.
+
+    With `rows` from `difficulty_order` the stage visits its prompts easy -> hard (the recipe's
+    `data.shuffle=false`); with `np.flatnonzero(perception_filter(...))` it reads only the kept
+    samples. Plug the result into `make_prompt_fn(schedule, sources)`.
+
+    Args:
+      pool: the candidate prompts (N rows).
+      rows: indices into the pool, in visiting order.
+      batch_size: B prompts per iteration.
+
+    Returns:
+      `k -> VLMPromptBatch` for 0 <= k < len(rows) // B.
+    """
+    tokens, lengths, images = _check_prompts(pool, "pool")
+    rows = np.asarray(rows, np.int64)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+    if rows.ndim != 1 or np.any(rows < 0) or np.any(rows >= tokens.shape[0]):
+        raise ValueError(f"rows: expected 1-D indices into the pool of {tokens.shape[0]} rows, got shape {rows.shape}")
+    n = rows.shape[0] // batch_size
+
+    def source(k: int) -> VLMPromptBatch:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < n:
+            raise ValueError(f"k: expected a stage iteration in [0, {n}) ({rows.shape[0]} rows / B={batch_size}), "
+                             f"got {k!r}")
+        r = rows[k * batch_size:(k + 1) * batch_size]
+        return VLMPromptBatch([pool.problems[i] for i in r], tokens[r], lengths[r], images[r])
+
+    return source
+
+
+def estimate_pass_rates(graphdef: nnx.GraphDef, params: Any, prompts: VLMPromptBatch, key: jax.Array, *, k: int,
+                        tokenizer, max_new_tokens: int, stop_tokens: tuple[int, ...] = (), pad_id: int = 0,
+                        temperature: float = 1.0, chunk: int = 256) -> np.ndarray:
+    """Per-prompt pass rates [B]: the fraction of k sampled completions whose boxed answer is right.
+
+    The difficulty estimate of the curriculum (spec 10 (b): "run the base model k times per sample").
+    Samples at `temperature` (top-p 1) in chunks of `chunk` prompts (the last chunk padded to keep
+    one compiled shape); `accuracy_reward` grades each completion.
+    """
+    tokens, lengths, images = _check_prompts(prompts)
+    for name, v in (("k", k), ("chunk", chunk)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+    B = tokens.shape[0]
+    out = []
+    for c, s in enumerate(range(0, B, chunk)):
+        sl = slice(s, s + chunk)
+        t, l, im = tokens[sl], lengths[sl], images[sl]
+        pad = chunk - t.shape[0] if B > chunk else 0
+        if pad:
+            t, l, im = (np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) for x in (t, l, im))
+        rep = lambda x: np.repeat(x, k, axis=0)  # noqa: E731
+        o = _sample(graphdef, params, rep(t), rep(l), rep(im), jax.random.fold_in(key, c),
+                    sampler=Sampler(temperature=temperature), max_new_tokens=max_new_tokens,
+                    stop_tokens=tuple(stop_tokens), pad_id=pad_id)
+        comps, lens = np.asarray(o.tokens), np.asarray(o.lengths)
+        probs = prompts.problems[sl]
+        acc = np.array([accuracy_reward(tokenizer.decode(comps[i, :lens[i]]), _answer_of(probs[i // k]))
+                        for i in range(len(probs) * k)], np.float64)
+        out.append(acc.reshape(len(probs), k).mean(axis=1))
+    return np.concatenate(out)
 
 
 # --- the VLM policy ---------------------------------------------------------------------------------
@@ -575,7 +751,8 @@ def train_staged(*, graphdef: nnx.GraphDef, params: Any, optimizer: optax.Gradie
                  reward_fn: grpo.RewardFn, seed: int = 0, advantage_fn: grpo.AdvantageFn | None = None,
                  workdir: str | os.PathLike | None = None, checkpoint_every: int = 1, log_every: int = 1,
                  stop_after: int | None = None, progress: bool = True, desc: str = "staged",
-                 fingerprint: str | None = None) -> StagedResult:
+                 fingerprint: str | None = None,
+                 sft_fn: Callable[[int], Mapping[str, np.ndarray]] | None = None) -> StagedResult:
     """Runs the schedule's GRPO iterations on the VLM, checkpointing (orbax) and resuming from `workdir/ckpt`.
 
     Global iteration i runs stage `schedule.locate(i)` on `prompt_fn(i)` with the key
@@ -585,6 +762,10 @@ def train_staged(*, graphdef: nnx.GraphDef, params: Any, optimizer: optax.Gradie
     policy, its optimizer state and the reference (a `StagedState`), with the schedule position in
     its metadata; the schedule is part of the fingerprint, so a resumed run continues mid-stage
     exactly where an uninterrupted run would be.
+
+    A stage with `trainer="sft"` runs, at global iteration i, `config.num_inner_steps` supervised
+    optimizer steps (the same optimizer, the same vision freeze) on `sft_fn(i)` instead of a GRPO
+    rollout + update: the SFT-for-perception ablation at the same iterations and optimizer steps.
 
     Args:
       graphdef, params: the initial VLM (pure-dict params, e.g. after `vlm_sft`).
@@ -600,6 +781,8 @@ def train_staged(*, graphdef: nnx.GraphDef, params: Any, optimizer: optax.Gradie
       stop_after: stop (as if interrupted) after this many total iterations.
       progress, desc: tqdm bar.
       fingerprint: extra identity of the run's settings (combined with the schedule's).
+      sft_fn: `iteration -> {"inputs", "targets", "loss_mask" [b, t-1], "images" [b, n_img, H, W, c]}`
+        (the supervised responses of the iteration's prompts); required iff a stage is SFT.
 
     Returns:
       StagedResult.
@@ -608,6 +791,9 @@ def train_staged(*, graphdef: nnx.GraphDef, params: Any, optimizer: optax.Gradie
         raise TypeError(f"schedule: expected a Schedule, got {type(schedule).__name__}")
     if config.group_size < 2:
         raise ValueError(f"config.group_size: expected >= 2 for group advantages, got {config.group_size}")
+    if any(s.trainer == "sft" for s in schedule.stages) and sft_fn is None:
+        raise ValueError("sft_fn: required when the schedule has an SFT stage "
+                         f"({[s.name for s in schedule.stages if s.trainer == 'sft']})")
     advantage_fn = advantage_fn or grpo.grpo_advantage_fn(normalize_std=config.normalize_std, eps=config.adv_eps)
     base_key = jax.random.key(seed)
     init = grpo.init_state(params, optimizer)
@@ -621,6 +807,14 @@ def train_staged(*, graphdef: nnx.GraphDef, params: Any, optimizer: optax.Gradie
         if k == 0 and s > 0:  # a new stage: start from the previous stage's policy
             p = state.train.params
             state = StagedState(TrainState(state.train.step, p, optimizer.init(p)), jax.tree.map(jnp.copy, p))
+        if stage.trainer == "sft":
+            train, loss = _sft_update(state.train, _sft_arrays(sft_fn(i), "sft_fn"),
+                                      vision_mask(state.train.params, train_vision=stage.train_vision),
+                                      graphdef=graphdef, optimizer=optimizer, steps=config.num_inner_steps)
+            nan = float("nan")
+            return StagedState(train, state.ref_params), {
+                "sft_loss": loss, "reward_mean": nan, "informative_groups": nan, "completion_length": nan,
+                "stage_index": float(s), "stage_iteration": float(k)}
         rollout = sample_vlm_rollout(graphdef, state.train.params, prompt_fn(i), jax.random.fold_in(base_key, i),
                                      config=config, reward_fn=reward_fn)
         advantages = advantage_fn(rollout.rollout)
@@ -667,6 +861,27 @@ def _sft_step(state: TrainState, batch, *, graphdef, optimizer):
     return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), loss
 
 
+def _sft_arrays(b: Mapping[str, np.ndarray], name: str = "batch_fn") -> dict:
+    missing = [k for k in ("inputs", "targets", "loss_mask", "images") if k not in b]
+    if missing:
+        raise ValueError(f"{name}: expected keys inputs, targets, loss_mask, images; missing {missing}")
+    return {"inputs": jnp.asarray(b["inputs"], jnp.int32), "targets": jnp.asarray(b["targets"], jnp.int32),
+            "loss_mask": jnp.asarray(b["loss_mask"], jnp.float32), "images": jnp.asarray(b["images"], jnp.float32)}
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "optimizer", "steps"), donate_argnums=(0,))
+def _sft_update(state: TrainState, batch, train_mask, *, graphdef, optimizer, steps):
+    """`steps` supervised optimizer steps on one batch, updates masked by `train_mask`; (state, first loss)."""
+    def one_step(state, _):
+        loss, grads = jax.value_and_grad(_sft_loss)(state.params, graphdef, batch)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        updates = jax.tree.map(lambda u, m: u * m.astype(u.dtype), updates, train_mask)
+        return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), loss
+
+    state, losses = jax.lax.scan(one_step, state, None, length=steps)
+    return state, losses[0]
+
+
 def vlm_sft(graphdef: nnx.GraphDef, params: Any, batch_fn: Callable[[int], Mapping[str, np.ndarray]], *,
             steps: int, optimizer: optax.GradientTransformation, progress: bool = True) -> tuple[Any, list[float]]:
     """Supervised next-token training of the VLM on image prompts (loss on completions only).
@@ -688,13 +903,7 @@ def vlm_sft(graphdef: nnx.GraphDef, params: Any, batch_fn: Callable[[int], Mappi
         raise ValueError(f"steps: expected an int >= 0, got {steps!r}")
     state, losses = grpo.init_state(params, optimizer), []
     for i in tqdm(range(steps), desc="vlm sft", disable=not progress, leave=False):
-        b = batch_fn(i)
-        missing = [k for k in ("inputs", "targets", "loss_mask", "images") if k not in b]
-        if missing:
-            raise ValueError(f"batch_fn: expected keys inputs, targets, loss_mask, images; missing {missing}")
-        batch = {"inputs": jnp.asarray(b["inputs"], jnp.int32), "targets": jnp.asarray(b["targets"], jnp.int32),
-                 "loss_mask": jnp.asarray(b["loss_mask"], jnp.float32),
-                 "images": jnp.asarray(b["images"], jnp.float32)}
+        batch = _sft_arrays(batch_fn(i))
         state, loss = _sft_step(state, batch, graphdef=graphdef, optimizer=optimizer)
         losses.append(loss)
     return state.params, [float(x) for x in jax.device_get(losses)]

@@ -1,7 +1,9 @@
 """PRIM (reconstructed) token compression: budgets, exactness of the pruned forward against the full model
 with the dropped tokens masked out (through the LM's `attention_bias` hook), keep-all == unpruned, the
 frequency scores against a float64 DFT, cumulative-mass retention against brute force, FLOPs by hand,
-fusion, and bad input."""
+fusion, token merging (identity, hand-computed weighted average), the pyramid schedule and the epsilon
+rule (per-stage counts and kept sets against an eager float64 re-implementation on the full-length
+masked model; epsilon counts against subset enumeration), and bad input."""
 
 import math
 
@@ -46,15 +48,16 @@ _JIT = {}
 def _fwd(m, plan, layout, qpos, in_lm=None):
     """`prim.pruned_forward`, jitted once per stage (one compile per shape instead of many eager ops)."""
     graphdef, state = nnx.split(m)
-    if ("fwd", in_lm) not in _JIT:
-        _JIT["fwd", in_lm] = jax.jit(lambda st, keep, x, q: prim.pruned_forward(
+    key = ("fwd", in_lm, m.config.lm.num_layers)
+    if key not in _JIT:
+        _JIT[key] = jax.jit(lambda st, keep, x, q: prim.pruned_forward(
             nnx.merge(graphdef, st), prim.Plan(keep, x), layout, q, in_lm=in_lm))
-    return _JIT["fwd", in_lm](state, plan.keep, plan.x, qpos)
+    return _JIT[key](state, plan.keep, plan.x, qpos)
 
 
 def _plan(m, x, layout, fraction, qmask, config=prim.PRIMConfig(), align=None):
     graphdef, state = nnx.split(m)
-    key = ("plan", fraction, config, align is None)
+    key = ("plan", fraction, config, align is None, m.config.lm.num_layers)
     if key not in _JIT:
         _JIT[key] = jax.jit(lambda st, x, qm: prim.prim_plan(nnx.merge(graphdef, st), x, layout, fraction, qm,
                                                              config=config, align=align))
@@ -182,9 +185,11 @@ def test_pre_lm_pruning_equals_full_model_with_dropped_tokens_masked(setup):
     m, layout, t = s["m"], s["layout"], s["tokens"].shape[1]
     fraction = 0.2
     fused = prim.PRIMConfig(fusion_gamma=0.5, freq_weight=0.7, video_window=4, audio_window=3)
+    merged = prim.PRIMConfig(merge="similarity")
     align = (np.arange(16)[:, None] // 2 % 9) == np.arange(9)[None]
     for plan in (_plan(m, s["x"], layout, fraction, s["qmask"]), prim.uniform_plan(s["x"], layout, fraction),
-                 _plan(m, s["x"], layout, fraction, s["qmask"], config=fused, align=align)):
+                 _plan(m, s["x"], layout, fraction, s["qmask"], config=fused, align=align),
+                 _plan(m, s["x"], layout, fraction, s["qmask"], config=merged)):
         out = _fwd(m, plan, layout, s["qpos"])
         ref = _masked_reference(m, s["tokens"], plan.x, s["qpos"], _mask_of(plan.keep, t))
         np.testing.assert_allclose(out.logits, ref, rtol=2e-4, atol=2e-4)
@@ -354,6 +359,10 @@ def test_bad_input_raises_naming_the_argument(setup):
     with pytest.raises(ValueError, match="in_lm.layer"):
         prim.pruned_forward(s["m"], prim.full_plan(s["x"], s["layout"]), s["layout"], s["qpos"],
                             in_lm=prim.InLMPrune(kind="fastv", layer=1, keep=3))
+    with pytest.raises(ValueError, match="in_lm"):
+        prim.pruned_forward(s["m"], prim.full_plan(s["x"], s["layout"]), s["layout"], s["qpos"],
+                            in_lm=(prim.InLMPrune(kind="fastv", layer=0, keep=3),
+                                   prim.InLMPrune(kind="fastv", layer=0, keep=2)))
     with pytest.raises(ValueError, match="x"):
         prim.frequency_scores(jnp.ones((3, 4)), window=2)
     with pytest.raises(ValueError, match="window"):
@@ -373,3 +382,190 @@ def test_bad_input_raises_naming_the_argument(setup):
         prim.layout_from_tokens(np.array([[IMG, 5], [5, IMG]]), image_token_id=IMG, audio_token_id=AUD)
     with pytest.raises(ValueError, match="tokens_per_layer"):
         prim.modeled_flops(s["m"].config.lm, [1, 2, 3])
+
+
+# ------------------------------------------------------------------ merging
+
+
+def test_merge_keep_all_is_identity_and_matches_hand_computed_average(setup):
+    s = setup
+    m, layout, x = s["m"], s["layout"], s["x"]
+    for mode in ("similarity", "mean"):
+        plan = _plan(m, x, layout, 1.0, s["qmask"], config=prim.PRIMConfig(merge=mode))
+        np.testing.assert_array_equal(plan.x, x)  # nothing pruned -> nothing merged
+        xx = jnp.asarray(np.random.default_rng(4).normal(size=(2, 5, 3)), jnp.float32)
+        np.testing.assert_array_equal(prim.merge_pruned(xx, jnp.ones((2, 5), bool), weights=mode), xx)
+    # kept x0 = (1, 0), x2 = (0, 1); pruned x1 = (2, 1): cos 2/sqrt5 to x0, 1/sqrt5 to x2 -> into x0;
+    # pruned x3 = (-2, 1): cos -2/sqrt5 to x0, 1/sqrt5 to x2 -> into x2; pruned x4 = (-1, -1): negative to both
+    # -> into x0 (argmax -1/sqrt2 > ... tie broken by the lower index) with weight max(cos, 0) = 0.
+    x = np.array([[[1.0, 0.0], [2.0, 1.0], [0.0, 1.0], [-2.0, 1.0], [-1.0, -1.0]]])
+    keep = np.array([[True, False, True, False, False]])
+    r5 = np.sqrt(5.0)
+    want = x.copy()
+    want[0, 0] = (x[0, 0] + 2 / r5 * x[0, 1]) / (1 + 2 / r5)
+    want[0, 2] = (x[0, 2] + 1 / r5 * x[0, 3]) / (1 + 1 / r5)
+    got = prim.merge_pruned(jnp.asarray(x, jnp.float32), jnp.asarray(keep))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    mean = x.copy()  # "mean": the plain group means {0, 1, 4} and {2, 3}
+    mean[0, 0] = x[0, [0, 1, 4]].mean(0)
+    mean[0, 2] = x[0, [2, 3]].mean(0)
+    got = prim.merge_pruned(jnp.asarray(x, jnp.float32), jnp.asarray(keep), weights="mean")
+    np.testing.assert_allclose(got, mean, rtol=1e-6, atol=1e-6)
+
+
+def test_merge_changes_only_kept_tokens_of_each_modality(setup):
+    s = setup
+    m, layout, x = s["m"], s["layout"], s["x"]
+    drop = _plan(m, x, layout, 0.3, s["qmask"])
+    merged = _plan(m, x, layout, 0.3, s["qmask"], config=prim.PRIMConfig(merge="mean"))
+    np.testing.assert_array_equal(drop.keep, merged.keep)  # merging never changes the selection or the budget
+    keep_mask = np.asarray(_mask_of(drop.keep, x.shape[1]))
+    diff = np.abs(np.asarray(merged.x) - np.asarray(x)).max(-1) > 0
+    assert not np.any(diff & ~keep_mask) and np.any(diff)
+    np.testing.assert_array_equal(np.asarray(merged.x)[:, layout.modality == prim.TEXT],
+                                  np.asarray(x)[:, layout.modality == prim.TEXT])
+    # each changed video token is the mean of itself and the pruned video tokens nearest to it (float64 check)
+    xv, kv = np.asarray(x, np.float64)[:, layout.video], keep_mask[:, layout.video]
+    for i in range(4):
+        u = xv[i] / np.linalg.norm(xv[i], axis=-1, keepdims=True)
+        kept = np.flatnonzero(kv[i])
+        tgt = {j: kept[np.argmax(u[j] @ u[kept].T)] for j in np.flatnonzero(~kv[i])}
+        for k in kept:
+            group = [k] + [j for j, t in tgt.items() if t == k]
+            np.testing.assert_allclose(np.asarray(merged.x)[i, layout.video[k]], xv[i, group].mean(0),
+                                       rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ pyramid and epsilon
+
+
+@pytest.fixture(scope="module")
+def setup3(setup):
+    s = dict(setup)
+    m = _model(layers=3, seed=1)
+    x = nnx.jit(lambda m, t, i, a: m.embed(t, i, a))(m, s["tokens"], *_media(s))
+    s.update(m=m, x=x)
+    return s
+
+
+def _media(s):
+    b = sc.make_batch(4, seed=0, image_tokens=N_V, audio_tokens=N_A, kinds=("count", "audio_visual", "compose"))
+    return jnp.asarray(b["images"])[:, None], jnp.asarray(b["audio"])[:, None]
+
+
+def _reference_stages(m, tokens, x, qpos, keep0, layout, stages):
+    """Eager float64 re-implementation on the FULL-length LM: each stage's selection is recomputed from the
+    query's attention row (taken from the q/k the model hands to its `attention_bias` hook, dropped keys
+    masked) and applied as a key mask to the later layers. Returns (logits at qpos, [b, L, t] keep masks)."""
+    keep = np.asarray(keep0).copy()
+    per_layer = []
+    is_av = layout.modality != prim.TEXT
+
+    def hook(layer, q, k):
+        nonlocal keep
+        now = keep.copy()
+        per_layer.append(now)
+        st = stages.get(layer)
+        if st is not None:
+            qn = np.asarray(q, np.float64)
+            kn = np.repeat(np.asarray(k, np.float64), qn.shape[2] // k.shape[2], axis=2)
+            new = now.copy()
+            for i in range(qn.shape[0]):
+                qi = int(qpos[i])
+                sc_ = np.einsum("hd,shd->hs", qn[i, qi], kn[i]) / math.sqrt(qn.shape[-1])
+                ok = now[i] & (np.arange(len(now[i])) <= qi)
+                sc_ = np.where(ok[None], sc_, -np.inf)
+                p = np.exp(sc_ - sc_.max(1, keepdims=True))
+                p = (p / p.sum(1, keepdims=True)).mean(0)
+                av = np.flatnonzero(now[i] & is_av)
+                ranked = av[np.argsort(-p[av], kind="stable")]
+                n = len(ranked)
+                if st.kind == "fastv":
+                    c = min(st.keep, n)
+                elif st.kind == "adaptive":
+                    pr = np.cumsum(p[ranked] / p[ranked].sum())
+                    c = next(j for j in range(1, n + 1) if pr[j - 1] >= st.mass - 1e-6)
+                    c = min(int(np.clip(c, max(1, math.ceil(st.r_min * n)), max(1, math.ceil(st.r_max * n)))), n)
+                else:
+                    asc = np.cumsum(np.sort(p[av]))
+                    c = n - int(np.sum(asc < st.eps))
+                new[i] = ~is_av & now[i]
+                new[i, ranked[:c]] = True
+            keep = new
+        return jnp.asarray(np.where(now, 0.0, -1e9))[:, None, None, :] * jnp.ones((1, q.shape[2], q.shape[1], 1))
+
+    logits = m.lm(tokens, input_embeddings=x, attention_bias=hook).logits
+    return logits[jnp.arange(tokens.shape[0]), qpos], np.stack(per_layer, axis=1)
+
+
+def test_pyramid_fixed_budgets_are_exact_per_stage(setup3):
+    s = setup3
+    m, layout, x, qpos = s["m"], s["layout"], s["x"], s["qpos"]
+    stages = (prim.InLMPrune(kind="fastv", layer=0, keep=12), prim.InLMPrune(kind="fastv", layer=1, keep=5))
+    out = _fwd(m, prim.full_plan(x, layout), layout, qpos, stages)
+    np.testing.assert_array_equal(np.asarray(out.av_per_layer), [[25, 12, 5]] * 4)
+    lk = np.asarray(out.layer_keep)
+    np.testing.assert_array_equal((lk & (layout.modality != prim.TEXT)).sum(-1), [[25, 12, 5]] * 4)
+    assert np.all(lk[:, 2] <= lk[:, 1])  # the second stage prunes what the first kept
+    ref, ref_keep = _reference_stages(m, s["tokens"], x, qpos, np.ones(lk[:, 0].shape, bool), layout,
+                                      {st.layer: st for st in stages})
+    np.testing.assert_array_equal(lk, ref_keep)
+    np.testing.assert_allclose(out.logits, ref, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("second", ["adaptive", 0.3, 0.5])  # eps 0.5 drops every AV token of some rows
+def test_pyramid_adaptive_and_epsilon_stages_equal_masked_reference(setup3, second):
+    s = setup3
+    m, layout, x, qpos = s["m"], s["layout"], s["x"], s["qpos"]
+    plan = _plan(m, x, layout, 0.6, s["qmask"])
+    B = prim.budget_count(0.6, 25)
+    first = prim.InLMPrune(kind="adaptive", layer=0, mass=0.7, r_min=0.25, r_max=0.9)
+    st2 = (prim.InLMPrune(kind="adaptive", layer=1, mass=0.6, r_min=0.25, r_max=0.75) if second == "adaptive"
+           else prim.InLMPrune(kind="epsilon", layer=1, eps=second))
+    out = _fwd(m, plan, layout, qpos, (first, st2))
+    lk = np.asarray(out.layer_keep)
+    ref, ref_keep = _reference_stages(m, s["tokens"], plan.x, qpos, np.asarray(_mask_of(plan.keep, lk.shape[-1])),
+                                      layout, {0: first, 1: st2})
+    np.testing.assert_array_equal(lk, ref_keep)  # every stage keeps exactly the reference's set (and count)
+    counts = np.asarray(out.av_per_layer)
+    np.testing.assert_array_equal(counts, (lk & (layout.modality != prim.TEXT)).sum(-1))
+    assert np.all(counts[:, 0] == B) and np.all(counts[:, 2] <= counts[:, 1])
+    assert np.all(counts[:, 1] <= math.ceil(0.9 * B)) and np.all(counts[:, 1] >= math.ceil(0.25 * B))
+    assert np.any(counts[:, 2] < counts[:, 1]) and len(set(counts[:, 2].tolist())) > 1  # adaptive per row
+    np.testing.assert_allclose(out.logits, ref, rtol=2e-4, atol=2e-4)
+
+
+def test_epsilon_count_matches_subset_enumeration():
+    rng = np.random.default_rng(5)
+    n = 7
+    probs = rng.dirichlet(np.ones(n + 3) * 0.6, size=8)[:, :n]  # raw rows: the rest of the mass is "text"
+    valid = rng.random((8, n)) < 0.8
+    valid[0] = False
+    prev = np.full(8, n + 1)
+    for eps in (0.0, 0.02, 0.1, 0.3, 0.6, 0.95):
+        got = np.asarray(prim.epsilon_keep_count(jnp.asarray(probs, jnp.float32), jnp.asarray(valid), eps=eps))
+        for i in range(8):
+            v = np.flatnonzero(valid[i])
+            # largest subset of the valid entries whose total mass is < eps (every subset enumerated)
+            best = max((bin(mask).count("1") for mask in range(1 << len(v))
+                        if sum(probs[i, v[j]] for j in range(len(v)) if mask >> j & 1) < eps), default=0)
+            assert got[i] == len(v) - best, (eps, i)
+        assert np.all(got <= prev)  # monotone: a larger eps drops at least as much
+        prev = got
+    small = np.full((1, 4), 0.01)  # total AV mass 0.04 < eps: every AV token dropped (the spec's literal rule)
+    assert int(prim.epsilon_keep_count(jnp.asarray(small), jnp.ones((1, 4), bool), eps=0.05)[0]) == 0
+
+
+def test_new_options_bad_input():
+    with pytest.raises(ValueError, match="merge"):
+        prim.PRIMConfig(merge="average")
+    with pytest.raises(ValueError, match="weights"):
+        prim.merge_pruned(jnp.ones((1, 3, 2)), jnp.ones((1, 3), bool), weights="max")
+    with pytest.raises(ValueError, match="keep"):
+        prim.merge_pruned(jnp.ones((1, 3, 2)), jnp.ones((1, 4), bool))
+    with pytest.raises(ValueError, match="eps"):
+        prim.InLMPrune(kind="epsilon", layer=0, eps=1.0)
+    with pytest.raises(ValueError, match="eps"):
+        prim.epsilon_keep_count(jnp.ones((1, 3)), jnp.ones((1, 3), bool), eps=-0.1)
+    with pytest.raises(ValueError, match="kind"):
+        prim.InLMPrune(kind="pyramid", layer=0)

@@ -237,3 +237,130 @@ def test_bad_input_errors(vlm):
     with pytest.raises(ValueError, match="group_size"):
         sp.train_staged(graphdef=graphdef, params=params, optimizer=opt, config=dataclasses.replace(RL, group_size=1),
                         schedule=sch, prompt_fn=lambda i: good, reward_fn=sp.make_reward_fn(TOK), progress=False)
+
+
+# --- perception filter, difficulty curriculum, SFT stage ------------------------------------------------
+
+
+def test_perception_filter_matches_hand_computed_case():
+    # two filter models x 6 samples; keep iff BOTH fail from the image AND BOTH solve from the caption
+    img = [[0, 0, 1, 0, 0, 0],
+           [0, 1, 0, 0, 0, 0]]
+    cap = [[1, 1, 1, 1, 0, 1],
+           [1, 1, 1, 0, 1, 1]]
+    # sample 0: both wrong/img, both right/cap -> keep; 1: model 2 right from image; 2: model 1 right from
+    # image; 3: model 2 wrong from caption; 4: model 1 wrong from caption; 5: keep
+    np.testing.assert_array_equal(sp.perception_filter(img, cap), [True, False, False, False, False, True])
+    # one model ([n] input) and k-sample pass rates with the thresholds
+    np.testing.assert_array_equal(sp.perception_filter([0, 0.25, 0.5, 0], [1, 1, 1, 0.75]), [True, False, False, False])
+    np.testing.assert_array_equal(sp.perception_filter([0, 0.25, 0.5, 0], [1, 1, 1, 0.75], img_max=0.25,
+                                                       caption_min=0.75), [True, True, False, True])
+    with pytest.raises(ValueError, match="caption_pass"):
+        sp.perception_filter([[0, 1]], [[0, 1, 1]])
+    with pytest.raises(ValueError, match="img_pass"):
+        sp.perception_filter([0, 2], [1, 1])
+    with pytest.raises(ValueError, match="img_max"):
+        sp.perception_filter([0], [1], img_max=1.5)
+
+
+def test_difficulty_order_sorts_easy_to_hard_drops_solved_and_shuffles_ties_by_seed():
+    rates = np.array([0.5, 1.0, 0.25, 0.5, 0.0, 0.75, 0.5])
+    seen = set()
+    for seed in range(40):
+        order = sp.difficulty_order(rates, seed=seed)
+        # hand-computed: 0.75 (5), the 0.5 tie {0, 3, 6} in some order, 0.25 (2), 0 (4); 1.0 (1) dropped
+        assert order[0] == 5 and sorted(order[1:4]) == [0, 3, 6] and order[4:].tolist() == [2, 4]
+        assert np.all(np.diff(rates[order]) <= 0)
+        np.testing.assert_array_equal(order, sp.difficulty_order(rates, seed=seed))  # deterministic in the seed
+        seen.add(tuple(order[1:4]))
+    assert len(seen) == 6  # every order of the 3-way tie occurs: ties are shuffled, not kept in index order
+    full = sp.difficulty_order(rates, seed=42, drop_solved=False)
+    assert full[0] == 1 and sorted(full.tolist()) == list(range(7))
+    with pytest.raises(ValueError, match="pass_rates"):
+        sp.difficulty_order([0.5, 1.5])
+
+
+def _pool(name, n):
+    return sp.VLMPromptBatch([f"{name}-{r}" for r in range(n)], np.full((n, 5), 4, np.int32),
+                             np.full((n,), 3, np.int32), np.arange(n, dtype=np.float32).reshape(n, 1, 1, 1, 1))
+
+
+def test_curriculum_sources_visit_stages_in_order_easy_to_hard():
+    iters = {"perception": 2, "text_reasoning": 1, "visual_reasoning": 2}
+    rates = {"perception": [0.0, 1.0, 0.5, 0.25, 0.75, 0.5], "text_reasoning": [0.2, 0.9, 1.0],
+             "visual_reasoning": [0.1, 0.6, 0.3, 0.8, 1.0, 0.0]}
+    sources = {n: sp.pool_source(_pool(n, len(r)), sp.difficulty_order(r), 2) for n, r in rates.items()}
+    sch = sp.staged_schedule(sp.PAPER_ORDER, iters)
+    fn = sp.make_prompt_fn(sch, sources)
+    got = [p for i in range(sch.total_iterations) for p in fn(i).problems]
+    # hand-computed: perception 4 (0.75) then the 0.5 tie {2, 5}, then 3 (0.25); text 1, 0; visual 3, 1, 2, 0
+    assert got[0] == "perception-4" and sorted(got[1:3]) == ["perception-2", "perception-5"]
+    assert got[3:] == ["perception-3", "text_reasoning-1", "text_reasoning-0", "visual_reasoning-3",
+                       "visual_reasoning-1", "visual_reasoning-2", "visual_reasoning-0"]
+    # images travel with their rows
+    b = fn(0)
+    np.testing.assert_array_equal(b.images[:, 0, 0, 0, 0], [int(p.split("-")[1]) for p in b.problems])
+    with pytest.raises(ValueError, match="k: expected"):
+        sources["text_reasoning"](1)
+    with pytest.raises(ValueError, match="rows"):
+        sp.pool_source(_pool("x", 3), [0, 3], 1)
+
+
+def test_sft_stage_equals_vlm_sft_and_curriculum_run_resumes_mid_stage_bit_identically(vlm, tmp_path):
+    graphdef, params = vlm
+    c2 = dataclasses.replace(C, rl_prompts=2)
+    pools = {n: task.examples(c2, n, 6, seed=300 + i, tok=TOK) for i, n in enumerate(("perception", "visual_reasoning"))}
+    rates = {"perception": [0.5, 0.0, 0.25, 1.0, 0.75, 0.5], "visual_reasoning": [0.1, 0.6, 1.0, 0.8, 0.3, 0.0]}
+    rows = {n: sp.difficulty_order(r)[:4] for n, r in rates.items()}
+    sources = {n: sp.pool_source(task.prompt_batch(pools[n]), rows[n], 2) for n in pools}
+    sch = sp.staged_schedule(("perception", "visual_reasoning"), {"perception": 2, "visual_reasoning": 2},
+                             sft_stages=("perception",))
+    assert [s.trainer for s in sch.stages] == ["sft", "grpo"]
+
+    def sft_fn(i):
+        s, k = sch.locate(i)
+        name = sch.stages[s].name
+        r = rows[name][2 * k:2 * k + 2]
+        return {f: pools[name]["sft"][f][r] for f in ("inputs", "targets", "loss_mask")} | {
+            "images": pools[name]["images"][r]}
+
+    opt = optax.adamw(3e-3, weight_decay=1e-2)
+    kw = dict(graphdef=graphdef, params=params, optimizer=opt, config=RL, schedule=sch,
+              prompt_fn=sp.make_prompt_fn(sch, sources), reward_fn=sp.make_reward_fn(TOK), seed=5, progress=False,
+              sft_fn=sft_fn)
+    # one SFT-stage iteration = `vlm_sft` on the same batch with the same optimizer (an independent loop)
+    one = sp.train_staged(workdir=tmp_path / "one", stop_after=1, **kw)
+    ref, _ = sp.vlm_sft(graphdef, params, lambda i: sft_fn(0), steps=1, optimizer=opt, progress=False)
+    for a, b in zip(jax.tree.leaves(one.state.train.params), jax.tree.leaves(ref)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
+    assert not _leaves_equal(one.state.train.params["vit"], params["vit"])
+    assert np.isfinite(one.history[0]["sft_loss"]) and np.isnan(one.history[0]["reward_mean"])
+    # the full run vs interrupted mid-SFT-stage and mid-GRPO-stage, then resumed
+    full = sp.train_staged(workdir=tmp_path / "a", **kw)
+    assert [h["stage"] for h in full.history] == ["perception"] * 2 + ["visual_reasoning"] * 2
+    sp.train_staged(workdir=tmp_path / "b", stop_after=1, **kw)
+    mid = sp.train_staged(workdir=tmp_path / "b", stop_after=3, **kw)
+    assert mid.resumed_from == 1
+    resumed = sp.train_staged(workdir=tmp_path / "b", **kw)
+    assert resumed.resumed_from == 3
+    assert _leaves_equal(resumed.state.train.params, full.state.train.params)
+    assert _leaves_equal(resumed.state.ref_params, full.state.ref_params)
+    with pytest.raises(ValueError, match="sft_fn"):
+        sp.train_staged(**dict(kw, sft_fn=None))
+    with pytest.raises(ValueError, match="SFT stage"):
+        sp.merged_schedule(sch)
+    with pytest.raises(ValueError, match="Stage.trainer"):
+        sp.Stage("perception", 1, trainer="dpo")
+    with pytest.raises(ValueError, match="sft_stages"):
+        sp.staged_schedule(sp.PAPER_ORDER, ITERS, sft_stages=("audio",))
+
+
+def test_estimate_pass_rates_are_fractions_of_k(vlm):
+    graphdef, params = vlm
+    prompts = _prompts("perception")
+    kw = dict(k=3, tokenizer=TOK, max_new_tokens=4, stop_tokens=(TOK.eos_id,), pad_id=TOK.pad_id)
+    r = sp.estimate_pass_rates(graphdef, params, prompts, jax.random.key(0), **kw)
+    assert r.shape == (2,) and np.all((r >= 0) & (r <= 1)) and np.allclose(r * 3, np.round(r * 3))
+    np.testing.assert_array_equal(r, sp.estimate_pass_rates(graphdef, params, prompts, jax.random.key(0), **kw))
+    with pytest.raises(ValueError, match="k: expected"):
+        sp.estimate_pass_rates(graphdef, params, prompts, jax.random.key(0), **dict(kw, k=0))
