@@ -38,7 +38,12 @@ n_lo(C). The argmax n* is reported beside it. (2) The hard split gives every pro
 problems, a success on any problem moved every problem, which removed the zero-variance-group
 bottleneck (a group with no success gives its problem no gradient) that the paper's coverage mechanism
 on hard problems rests on. The easy split keeps the spec's shared parameters (interference).
-(3) n = 1 (no GRPO signal: a one-sample group has zero advantage) is off the quick grid.
+(3) n = 1 (no GRPO signal: a one-sample group has zero advantage) is off the quick grid. Issue 26 (CPU
+budget) also took n = 32 and 64 off the quick grid (n = 2..16 remain; the paper preset keeps 1..512): in
+the issue-33 quick run no configuration with n >= 32 was in any budget's 1-SE set or its argmax (the
+largest n there was 8), so the checks read the same n; the reported B_p / n spread ratio now spans n =
+2..16 only. The bandit's (n, B_p) programs are compiled on a second thread while earlier
+configurations train (same programs, same outputs).
 
 Verdict: reproduced if, on both bandit splits, n_lo(C) rises with C (Spearman rho > 0 and n_lo at the
 largest budget above n_lo at the smallest) and saturates (the fitted upper plateau 2^b of n_lo is
@@ -54,6 +59,7 @@ are too few to judge saturation).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import pathlib
@@ -170,13 +176,34 @@ def _train_seeds(keys, bandit, steps, *, n, num_problems, lr, per_problem=False)
                                               per_problem=per_problem))(keys)
 
 
+def _precompile(keys, bandit: ca.Bandit, statics: list[tuple[int, int]], *, lr: float, per_problem: bool,
+                pool: concurrent.futures.Executor) -> dict:
+    """Starts compiling `_train_seeds` for every (n, B_p) in `statics` on `pool`; {(n, B_p): future}.
+
+    The same program as calling `_train_seeds` (speed only, identical outputs): XLA compiles without the
+    GIL, so the compiles of later (n, B_p) run on the second core while earlier configurations train.
+    """
+    def compile_one(n, bp):
+        return _train_seeds.lower(keys, bandit, np.int32(0), n=n, num_problems=bp, lr=lr,
+                                  per_problem=per_problem).compile()
+
+    return {(n, bp): pool.submit(compile_one, n, bp) for n, bp in statics}
+
+
 def _sweep(c: Config, bandit: ca.Bandit, split: str) -> list[dict]:
     cfgs = ca.iso_compute_configs([2**b for b in c.log2_budgets], c.n_grid, c.bp_grid, min_steps=c.min_steps)
     keys = jax.random.split(jax.random.fold_in(jax.random.key(c.seed), 100 + list(SPLITS).index(split)), c.seeds)
+    statics = list(dict.fromkeys((cfg.n, cfg.num_problems) for cfg in cfgs))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        compiled = _precompile(keys, bandit, statics, lr=c.learning_rate, per_problem=split in c.per_problem_splits,
+                               pool=pool)
+        return _sweep_rows(c, cfgs, keys, bandit, split, compiled)
+
+
+def _sweep_rows(c: Config, cfgs, keys, bandit: ca.Bandit, split: str, compiled: dict) -> list[dict]:
     rows = []
     for cfg in tqdm.tqdm(cfgs, desc=f"rl_compute_allocation {split}", disable=not c.progress):
-        out = _train_seeds(keys, bandit, cfg.steps, n=cfg.n, num_problems=cfg.num_problems, lr=c.learning_rate,
-                           per_problem=split in c.per_problem_splits)
+        out = compiled[(cfg.n, cfg.num_problems)].result()(keys, bandit, np.int32(cfg.steps))
         best_p = np.asarray(out["best_p"])  # [S, P] at each seed's best step
         best = np.asarray(out["best"], np.float64)  # [S]
         se = float(np.std(best, ddof=1) / np.sqrt(c.seeds)) if c.seeds > 1 else float("nan")
@@ -596,12 +623,14 @@ EXPERIMENT = registry.Experiment(
     config_cls=Config,
     presets={
         "smoke": lambda: Config(num_problems_total=16, num_answers=8, dim=8, log2_budgets=(8, 9, 10, 11),
-                                n_grid=(1, 4, 16), bp_grid=(4,), seeds=2,
+                                n_grid=(1, 4), bp_grid=(4,), seeds=2,
                                 model=LMConfig(d_model=16, num_layers=1, num_heads=4, num_kv_heads=2, d_ff=64),
                                 lm_sft_steps=2, lm_sft_batch=8, lm_pool=48, lm_pool_samples=4,
                                 lm_log2_budgets=(4, 5, 6, 7), lm_n_grid=(2,), lm_bp_grid=(2,), lm_eval_samples=2,
                                 checkpoint=False, progress=False),
-        "quick": lambda: Config(),
+        # n = 32, 64 left the quick grid in issue 26's CPU-budget pass (8 of its 24 bandit compiles): no
+        # quick configuration with n >= 32 was ever in a 1-SE set or the argmax (largest n there: 8).
+        "quick": lambda: Config(n_grid=(2, 4, 8, 16)),
         "paper": lambda: Config(num_problems_total=1024, dim=64, log2_budgets=tuple(range(10, 21)),
                                 n_grid=tuple(2**i for i in range(10)), bp_grid=(8, 32, 128, 512), seeds=16),
     },
