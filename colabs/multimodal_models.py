@@ -163,6 +163,10 @@ print("staged:", [(s.name, s.iterations, "vision trains" if s.train_vision else 
 print("merged:", [(s.name, s.iterations) for s in merged.stages], "pooled from", [s.name for s in merged.pooled])
 for completion in ("<think> two red </think> \\boxed 2", "\\boxed 2", "<think> </think> \\boxed 3"):
     print(f"reward({completion!r}, answer 2) = {sp.staged_reward(completion, '2'):.2f}")
+# The perception data filter keeps what every filter model gets wrong from the image but right from a
+# caption; the difficulty curriculum orders prompts easy -> hard by sampled pass rate (ties shuffled).
+print("filter keeps:", sp.perception_filter(np.array([[0.0, 1.0, 0.0]]), np.array([[1.0, 1.0, 0.0]])))
+print("easy -> hard:", sp.difficulty_order(np.array([0.25, 1.0, 0.75, 0.5])))
 
 # %%
 staged_result = report.show_result("staged_vlm", rerun=RUN_EXPERIMENTS)
@@ -172,7 +176,10 @@ staged_result = report.show_result("staged_vlm", rerun=RUN_EXPERIMENTS)
 #
 # Every plan keeps all text tokens and a budget of the 25 audio-visual tokens; the pruned forward runs
 # the LM on the kept tokens only (original positions). Uniform pruning keeps evenly spaced tokens; PRIM
-# ranks them by the question's attention and their high-frequency energy.
+# ranks them by the question's attention and their high-frequency energy; with `PRIMConfig(merge=...)`
+# the pruned tokens are folded into their most similar kept token instead of dropped. `pruned_forward`
+# also prunes inside the LM (`in_lm=`: cumulative-mass retention at one or several layers, the pyramid,
+# or the epsilon drop rule); the `prim` experiment compares all of them at equal budgets.
 
 # %%
 from algorithms.compression import prim
@@ -185,10 +192,12 @@ query_pos = prompt_lengths - 1
 full = out.logits[jnp.arange(4), query_pos]
 for fraction in (1.0, 0.25):
     for name, plan in (("uniform", prim.uniform_plan(x, layout, fraction)),
-                       ("PRIM", prim.prim_plan(vlm, x, layout, fraction, query_mask))):
+                       ("PRIM", prim.prim_plan(vlm, x, layout, fraction, query_mask)),
+                       ("PRIM+merge", prim.prim_plan(vlm, x, layout, fraction, query_mask,
+                                                     config=prim.PRIMConfig(merge="similarity")))):
         res = prim.pruned_forward(vlm, plan, layout, query_pos)
         gap = float(jnp.max(jnp.abs(res.logits - full)))
-        print(f"keep {fraction:.2f} {name:7s}: {plan.keep.shape[1]} of {tokens.shape[1]} tokens, "
+        print(f"keep {fraction:.2f} {name:10s}: {plan.keep.shape[1]} of {tokens.shape[1]} tokens, "
               f"max logit change vs full {gap:.3f}")
 
 # %%
