@@ -730,13 +730,17 @@ def _cached_train_step(graphdef, optimizer_config: OptimizerConfig, tcs: TCSConf
     """(optimizer, jitted train step) of `fit` for one (structure, optimizer, loss): compiled once per process
     and reused by every fine-tuning of a model with that structure (a new `fit` call builds a new step)."""
     optimizer = make_optimizer(optimizer_config)
+    return optimizer, make_train_step(graphdef, optimizer, loss_fn=_finetune_loss(tcs, tokens_after, has_cls),
+                                      schedule=optimizer_config.schedule())
+
+
+def _finetune_loss(tcs: TCSConfig | None, tokens_after: tuple | None, has_cls: bool):
+    """The fine-tuning loss: TCS-pruned FFNs, token pruning after the given blocks, or the plain loss."""
     if tcs is not None:
-        loss_fn = tcs_loss(tcs, has_cls=has_cls)
-    elif tokens_after is not None:
-        loss_fn = functools.partial(classification_loss, token_hook=token_pruning_hook(tokens_after, has_cls=has_cls))
-    else:
-        loss_fn = classification_loss
-    return optimizer, make_train_step(graphdef, optimizer, loss_fn=loss_fn, schedule=optimizer_config.schedule())
+        return tcs_loss(tcs, has_cls=has_cls)
+    if tokens_after is not None:
+        return functools.partial(classification_loss, token_hook=token_pruning_hook(tokens_after, has_cls=has_cls))
+    return classification_loss
 
 
 def _finetune_no_checkpoint(model: ViT, batch_fn, num_steps: int, optimizer_config: OptimizerConfig,
@@ -812,12 +816,7 @@ def finetune(model: ViT, *, batch_fn: Callable[[int], Mapping[str, np.ndarray]],
         result = _finetune_no_checkpoint(model, batch_fn, num_steps, optimizer_config, tcs, tokens_after,
                                          log_every, progress)
         return result.model(), result
-    if tcs is not None:
-        loss_fn = tcs_loss(tcs, has_cls=has_cls)
-    elif tokens_after is not None:
-        loss_fn = functools.partial(classification_loss, token_hook=token_pruning_hook(tokens_after, has_cls=has_cls))
-    else:
-        loss_fn = classification_loss
+    loss_fn = _finetune_loss(tcs, tokens_after, has_cls)
     result = fit(model_fn=lambda rngs: nnx.merge(graphdef, state), optimizer_config=optimizer_config,
                  batch_fn=batch_fn, num_steps=num_steps, workdir=workdir, loss_fn=loss_fn, log_every=log_every,
                  progress=progress, desc="finetune", fingerprint=fingerprint)
