@@ -201,9 +201,8 @@ def cmd_run(args, overrides: list[str]) -> int:
         print(f"==> {slug} [{args.preset}] in {workdir}", flush=True)
         result = report.run_experiment(slug, args.preset, results_dir=args.results_dir, config=cfg,
                                        workdir=workdir)
-        mark = {True: "reproduced", False: "NOT reproduced", None: "no verdict"}[result["reproduced"]]
-        devices = result.get("devices", "?")
-        print(f"    {mark}: {result['verdict']}  ({result['wall_s']} s on {devices} device(s))", flush=True)
+        print(f"    {_mark(result)}: {result['verdict']}  ({result['wall_s']} s on {result.get('devices', '?')} "
+              f"device(s))", flush=True)
         summaries.append(f"{workdir}/summary.md")
     if overrides or args.workdir is not None or args.no_report:
         # A run with overrides or its own workdir is not a preset's result: it keeps its own summary.md only.
@@ -212,6 +211,10 @@ def cmd_run(args, overrides: list[str]) -> int:
     path = report.write_report(args.results_dir, preset=args.preset)
     print(f"report: {path}")
     return 0
+
+
+def _mark(result: dict) -> str:
+    return {True: "reproduced", False: "NOT reproduced", None: "no verdict"}[result["reproduced"]]
 
 
 def _last_wall_s(results_dir: str, slug: str, preset: str) -> float:
@@ -255,8 +258,7 @@ def _run_parallel(args, slugs: list[str]) -> int:
                 continue
             with open(os.path.join(args.results_dir, slug, args.preset, "result.json")) as f:
                 result = json.load(f)
-            mark = {True: "reproduced", False: "NOT reproduced", None: "no verdict"}[result["reproduced"]]
-            print(f"    {slug}: {mark} ({result['wall_s']} s)", flush=True)
+            print(f"    {slug}: {_mark(result)} ({result['wall_s']} s)", flush=True)
     elapsed = time.perf_counter() - start
     print(f"{len(order) - len(failed)} of {len(order)} runs finished in {elapsed / 60:.1f} min "
           f"with --jobs {args.jobs}", flush=True)

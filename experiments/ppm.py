@@ -66,7 +66,8 @@ NOISES = ("gaussian", "bimodal")
 DDPM = "Conditional DDPM"
 MODELS = ("PPM", "Gaussian MLP", "Quantile MLP", "MLP + bootstrap", "Seasonal naive + bootstrap", DDPM)
 REQUIRED = ("PPM", "Gaussian MLP", "MLP + bootstrap", DDPM)  # the claims compare these
-SPEEDUP_THRESHOLD = 10.0  # check (5): DDPM / PPM inference time per window
+SPEEDUP_THRESHOLD = 10.0
+SWEEP_METRICS = ("crps", "qice", "coverage_0.9")  # check (5): DDPM / PPM inference time per window
 KDE_ROW = "PPM + kernel noise"
 
 
@@ -246,17 +247,18 @@ def _run_dataset(c: Config, noise: str, key: jax.Array):
         res[name].update({k: v for k, v in cost[name].items() if not k.endswith("curve")})
         pits[name] = pit.ravel()
     res["Gaussian MLP"]["crps_closed_form"] = gauss_closed_crps
-    sweep = {f"K={c.train_samples}, h={c.bandwidth:g}": {m: res["PPM"][m] for m in ("crps", "qice", "coverage_0.9")}}
-    for k_train, h in (c.sweep if noise in c.sweep_noises else ()):
-        if (k_train, h) != (c.train_samples, c.bandwidth):
+    sweep = {}  # "K=.., h=..": CRPS, QICE, coverage of PPM trained with that pair (main pair included)
+    if noise in c.sweep_noises and c.sweep:
+        sweep[f"K={c.train_samples}, h={c.bandwidth:g}"] = {m: res["PPM"][m] for m in SWEEP_METRICS}
+        for k_train, h in c.sweep:
+            if (k_train, h) == (c.train_samples, c.bandwidth):
+                continue
             lc = dataclasses.replace(lcfg, num_samples=int(k_train), bandwidth=float(h))
             r = F.train(M.PPM(mcfg, rngs=nnx.Rngs(c.seed)), F.make_ppm_loss(lc), (xtr, ytr), (xva, yva),
-                        key=jax.random.fold_in(kt, 0), config=tcfg)
+                        key=jax.random.fold_in(kt, MODELS.index("PPM")), config=tcfg)
             sc = F.evaluate(F.sample_ppm(r.model, xte, jax.random.fold_in(ks, 0), num_samples=K), yte,
                             key=jax.random.fold_in(ks, 99))
-            sweep[f"K={k_train}, h={h:g}"] = {m: sc[m] for m in ("crps", "qice", "coverage_0.9")}
-    if len(sweep) == 1:
-        sweep = {}
+            sweep[f"K={k_train}, h={h:g}"] = {m: sc[m] for m in SWEEP_METRICS}
     extra = {"series": series, "xte": xte[:1], "yte": yte[:1], "samples": {k: np.asarray(v[:1]) for k, v in samples.items()},
              "curves": {k: v.get("val_curve") for k, v in cost.items()}, "pit": pits,
              "windows": (xtr.shape[0], xva.shape[0], nte), "sweep": sweep}
