@@ -262,3 +262,21 @@ for label, model in (("base", base), ("Dem-HEC", tuned["dem_hec"]), ("clean FT",
     print(f"{label:9s} clean acc {dem_hec.accuracy(model, x_test, y_test):.3f}  "
           f"mean corruption acc {dem_hec.mean_corruption_accuracy(table):.3f}  "
           f"predictive entropy at severity 0/{'/'.join(map(str, severities))}: " + "/".join(f"{h:.2f}" for h in entropy.mean(0)))
+
+# %% [markdown]
+# ## Real data: CIFAR-10 and CIFAR-10-C through TFDS
+#
+# Both experiments' `paper` presets read real data through `experiments.data` (TensorFlow Datasets'
+# random-access reader; the `[data]` extra, `pip install -e '.[data]'`, no TensorFlow needed to read):
+# toast trains its ViT on CIFAR-10, and dem_hec evaluates on the published CIFAR-10-C images (Hendrycks &
+# Dietterich's own corruptions, 15 seen and 4 held-out types at 5 severities) instead of
+# `primitives.corruptions`. Nothing downloads: prepare the datasets once (`experiments.data.load(name, split,
+# download=True)`, which needs TensorFlow for the image encoding) and pass their folder, local or `gs://`:
+#
+# ```
+# python -m experiments run toast --preset paper --data-dir gs://my-bucket/tensorflow_datasets
+# python -m experiments run dem_hec --preset paper --data-dir gs://my-bucket/tensorflow_datasets
+# ```
+#
+# In Python, `experiments.data.cifar10_images("test")` and `experiments.data.cifar10_c_images("fog", 3)` return
+# float32 images in [0, 1] and int32 labels (CIFAR-10-C image i is CIFAR-10 test image i, corrupted).

@@ -39,7 +39,7 @@ from typing import NamedTuple
 import numpy as np
 from tqdm.auto import tqdm
 
-__all__ = ["Examples", "load", "SUPPORTED"]
+__all__ = ["Examples", "load", "SUPPORTED", "CIFAR10_C_MAIN", "CIFAR10_C_EXTRA", "cifar10_images", "cifar10_c_images"]
 
 # Base dataset name -> (module that registers its TFDS builder, (input feature, target feature)).
 SUPPORTED: dict[str, tuple[str, tuple[str, str]]] = {
@@ -49,6 +49,13 @@ SUPPORTED: dict[str, tuple[str, tuple[str, str]]] = {
     "cifar10_corrupted": ("tensorflow_datasets.image_classification.cifar10_corrupted", ("image", "label")),
     "gsm8k": ("tensorflow_datasets.text.gsm8k", ("question", "short_answer")),
 }
+
+# CIFAR-10-C (Hendrycks & Dietterich 2019) under the paper's names; TFDS spells two of them differently.
+CIFAR10_C_MAIN: tuple[str, ...] = (
+    "gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur", "zoom_blur",
+    "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate", "jpeg_compression")
+CIFAR10_C_EXTRA: tuple[str, ...] = ("speckle_noise", "gaussian_blur", "spatter", "saturate")
+_TFDS_CORRUPTION_NAME = {"glass_blur": "frosted_glass_blur", "elastic_transform": "elastic"}
 
 _EXTRA_HINT = "install the [data] extra: pip install -e '.[data]' (or pip install 'tensorflow-datasets>=4.9')"
 
@@ -181,3 +188,33 @@ def load(name: str, split: str, *, data_dir: str | os.PathLike | None = None, do
         inputs.append(example[fields[0]])
         targets.append(example[fields[1]])
     return Examples(_column(inputs, name, fields[0]), _column(targets, name, fields[1]))
+
+
+def cifar10_images(split: str, *, data_dir: str | os.PathLike | None = None,
+                   max_examples: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """CIFAR-10 ``split`` as ``(float32 [N, 32, 32, 3] in [0, 1], int32 [N])``, the first ``max_examples``.
+
+    The ``paper`` presets of the vision experiments (toast, dem_hec) read their data through this;
+    errors are `load`'s (no download here: prepare the dataset once, see the module docstring).
+    """
+    images, labels = load("cifar10", split, data_dir=data_dir, max_examples=max_examples)
+    return images.astype(np.float32) / 255.0, labels
+
+
+def cifar10_c_images(corruption: str, severity: int, *, data_dir: str | os.PathLike | None = None,
+                     max_examples: int | None = None, raw: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """CIFAR-10-C's ``corruption`` at ``severity`` (1..5) as `cifar10_images` returns CIFAR-10.
+
+    Image ``i`` is CIFAR-10 test image ``i`` corrupted, so the first ``max_examples`` line up with
+    ``cifar10_images("test", max_examples=...)``. ``corruption`` is a name of `CIFAR10_C_MAIN` or
+    `CIFAR10_C_EXTRA` (the paper's spelling: ``glass_blur``, ``elastic_transform``). ``raw=True``
+    returns the stored ``uint8`` pixels (a quarter of the memory: all 95 sets are 2.9 GB).
+    """
+    known = CIFAR10_C_MAIN + CIFAR10_C_EXTRA
+    if corruption not in known:
+        raise ValueError(f"corruption must be a CIFAR-10-C corruption {known}, got {corruption!r}")
+    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or not 1 <= severity <= 5:
+        raise ValueError(f"severity must be an int in 1..5, got {severity!r}")
+    name = f"cifar10_corrupted/{_TFDS_CORRUPTION_NAME.get(corruption, corruption)}_{int(severity)}"
+    images, labels = load(name, "test", data_dir=data_dir, max_examples=max_examples)
+    return (images if raw else images.astype(np.float32) / 255.0), labels

@@ -15,7 +15,11 @@ Setup (CPU scale, nothing downloaded; the spec's reproduction plan (d)):
 
   1. Data: scikit-learn's bundled 8x8 digits upsampled x2 to 16x16 (nearest neighbour, so blurs
      and pixelation act on more than a few pixels), stratified 1347 / 450 split
-     (`experiments.tasks.load_digits`).
+     (`experiments.tasks.load_digits`). The `paper` preset (``dataset="cifar10"``) reads CIFAR-10
+     (50000 / 10000 RGB 32x32) and evaluates on the published CIFAR-10-C test sets (Hendrycks &
+     Dietterich's own corrupted images, not `primitives.corruptions`) through TFDS
+     (`experiments.data`: the ``[data]`` extra and prepared datasets in ``data_dir``; nothing
+     downloads): SEEN = the benchmark's 15 main corruptions, HELD-OUT = its 4 extra ones.
   2. Base models, each trained once through `algorithms.training.fit` with an orbax checkpoint in
      ``<workdir>/ckpt/<arch>_base`` (a rerun resumes / reuses it): `models.cnn.CNN` (3 conv stages,
      GroupNorm, ~16k parameters) and a small `models.vit.ViT` (patch 4, class token, 2 layers).
@@ -63,16 +67,17 @@ no significant difference, at 3 seeds, 450 test images and tiny models).
 Recipe:
     python -m experiments run dem_hec --preset smoke   # seconds, used by the tests
     python -m experiments run dem_hec --preset quick   # 2 CPU cores, a few minutes
-    python -m experiments run dem_hec --preset paper   # 5 seeds, severities 1-5, ablations on both
-                                                       # models, longer base training and fine-tuning
+    python -m experiments run dem_hec --preset paper   # CIFAR-10 / CIFAR-10-C (TFDS), 5 seeds,
+                                                       # severities 1-5, ablations on both models,
+                                                       # larger models, longer training and fine-tuning
+    python -m experiments run dem_hec --preset paper --data-dir gs://bucket/tensorflow_datasets
 
 The quick preset fine-tunes 40 steps per arm (60 before issue 26's CPU budget: it took 232 s on the
 shared 2-core CPU with another experiment beside it; the fine-tuning compute of the 11 arms x 3 seeds
 is most of the run, and every arm keeps the same steps, so the comparisons stay at equal budget). At 40
 steps it takes 180 s alone on the 2-core CPU; a good part of that compiles (the 39 corruption programs
 once, each fine-tuning arm's train step once: a persistent XLA cache in ``<workdir>/cache/xla`` lets
-seeds 2 and 3 load the program). The paper preset
-stays on the digits: issue 27's CIFAR-10 / CIFAR-10-C through TFDS is not wired yet.
+seeds 2 and 3 load the program).
 
 References:
   Dem-HEC (ICML 2026; OpenReview forum CVqYCYpq75), no arXiv id available.
@@ -103,12 +108,14 @@ from algorithms.training import OptimizerConfig, fit
 from experiments import _plotting as plotting
 from experiments import registry, report
 from experiments.checks import Check, verdict
+from experiments.data import CIFAR10_C_EXTRA, CIFAR10_C_MAIN, cifar10_c_images, cifar10_images
 from experiments.tasks import load_digits
 from models import cnn as cnn_lib
 from models import vit as vit_lib
 from primitives import corruptions as corruptions_lib
 
 _CACHE_VERSION = 1
+DATASETS = ("digits", "cifar10")
 ARCHS = ("cnn", "vit")
 BASELINES = ("clean", "gaussian_noise", "pgd")
 ABLATIONS = {"dem_hec_no_he": "he_weight", "dem_hec_no_contrastive": "contrastive_weight",
@@ -124,8 +131,13 @@ HELD_OUT_GREY = tuple(n for n in corruptions_lib.HELD_OUT_CORRUPTIONS if n != "s
 class Config:
     """dem_hec settings (every field can be overridden on the command line)."""
 
-    # data
-    upsample: int = 2  # 8x8 digits -> 16x16
+    # data: "digits" (offline; corruptions from primitives.corruptions) or "cifar10" (TFDS: CIFAR-10 and the
+    # published CIFAR-10-C test sets, `experiments.data`; needs the [data] extra and prepared datasets)
+    dataset: str = "digits"
+    upsample: int = 2  # digits: 8x8 -> 16x16
+    data_dir: str = ""  # cifar10: where TFDS's prepared datasets live ("" = TFDS's default)
+    cifar_train: int = 50000  # cifar10: the first this many training images
+    cifar_test: int = 10000  # cifar10: the first this many test images (and their CIFAR-10-C versions)
     # models
     archs: tuple[str, ...] = ARCHS
     cnn_channels: tuple[int, ...] = (16, 32, 32)
@@ -170,11 +182,18 @@ class Config:
         if len(self.seeds) < 2 or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must hold >= 2 distinct seeds (the t-interval needs S - 1 >= 1); "
                              f"got {self.seeds}")
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {DATASETS}; got {self.dataset!r}")
+        for name in ("cifar_train", "cifar_test"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        known, where = ((corruptions_lib.CORRUPTIONS, "primitives.corruptions.CORRUPTIONS") if self.dataset == "digits"
+                        else (CIFAR10_C_MAIN + CIFAR10_C_EXTRA, "experiments.data.CIFAR10_C_MAIN / CIFAR10_C_EXTRA"))
         for name in ("seen", "held_out"):
             names = getattr(self, name)
-            unknown = [n for n in names if n not in corruptions_lib.CORRUPTIONS]
+            unknown = [n for n in names if n not in known]
             if not names or unknown:
-                raise ValueError(f"{name} must list corruptions of primitives.corruptions.CORRUPTIONS; "
+                raise ValueError(f"{name} must list corruptions of {where} (dataset={self.dataset!r}); "
                                  f"got {names} (unknown {unknown})")
         if set(self.seen) & set(self.held_out):
             both = sorted(set(self.seen) & set(self.held_out))
@@ -246,18 +265,27 @@ def binomial_tolerance(p: float, n: int, multiple: float = 2.0) -> float:
 
 
 def _data(c: Config):
+    if c.dataset == "cifar10":
+        kw = dict(data_dir=c.data_dir or None)
+        return (cifar10_images("train", max_examples=c.cifar_train, **kw),
+                cifar10_images("test", max_examples=c.cifar_test, **kw))
     (xtr, ytr), (xte, yte) = load_digits(seed=c.seed)
     up = lambda x: np.repeat(np.repeat(x, c.upsample, 1), c.upsample, 2).astype(np.float32)  # noqa: E731
     return (up(xtr), ytr), (up(xte), yte)
 
 
+def _channels(c: Config) -> int:
+    return 3 if c.dataset == "cifar10" else 1
+
+
 def cnn_config(c: Config) -> cnn_lib.CNNConfig:
-    return cnn_lib.CNNConfig(in_channels=1, num_classes=10, channels=c.cnn_channels, hidden_dim=c.cnn_hidden_dim,
+    return cnn_lib.CNNConfig(in_channels=_channels(c), num_classes=10, channels=c.cnn_channels,
+                             hidden_dim=c.cnn_hidden_dim,
                              num_groups=4 if all(ch % 4 == 0 for ch in c.cnn_channels) else 1)
 
 
 def vit_config(c: Config, image_size: int) -> vit_lib.ViTConfig:
-    return vit_lib.ViTConfig(image_size=image_size, patch_size=c.vit_patch_size, channels=1, num_classes=10,
+    return vit_lib.ViTConfig(image_size=image_size, patch_size=c.vit_patch_size, channels=_channels(c), num_classes=10,
                              d_model=c.vit_d_model, num_heads=c.vit_num_heads, d_ff=c.vit_d_ff,
                              num_layers=c.vit_num_layers)
 
@@ -280,6 +308,7 @@ def _base_lr(c: Config, arch: str) -> float:
 
 def _fingerprint(c: Config, arch: str) -> str:
     fields = ["upsample", "batch_size", "weight_decay", "seed", f"{arch}_train_steps", f"{arch}_learning_rate"]
+    fields += ["dataset", "cifar_train"] if c.dataset == "cifar10" else []  # digits checkpoints stay valid
     fields += [f.name for f in dataclasses.fields(c) if f.name.startswith(f"{arch}_")]
     return json.dumps({"arch": arch, **{n: getattr(c, n) for n in sorted(set(fields))}}, sort_keys=True)
 
@@ -328,8 +357,15 @@ def corruption_key(key: jax.Array, name: str, severity: int) -> jax.Array:
 
 
 def corrupted_sets(c: Config, images: np.ndarray, workdir: pathlib.Path) -> tuple[list[tuple[str, int]], np.ndarray]:
-    """Every (name, severity) set of the test images, stacked [k, n, H, W, 1] (cached in the workdir)."""
+    """Every (name, severity) set of the test images, stacked [k, n, H, W, C].
+
+    digits: `primitives.corruptions` applied to `images` (float32, cached in the workdir); cifar10: the
+    published CIFAR-10-C sets of the same test images read through TFDS (``uint8``, 2.9 GB for all 95).
+    """
     sets = [(name, int(s)) for name in c.seen + c.held_out for s in c.severities]
+    if c.dataset == "cifar10":
+        return sets, np.stack([cifar10_c_images(name, s, data_dir=c.data_dir or None, max_examples=len(images),
+                                                raw=True)[0] for name, s in sets])
     blob = json.dumps({"v": _CACHE_VERSION, "sets": sets, "seed": c.seed, "eval_seed": c.eval_seed,
                        "upsample": c.upsample}, sort_keys=True)
     path = workdir / "cache" / f"corrupted_{hashlib.sha1(blob.encode()).hexdigest()[:12]}.npy"
@@ -345,10 +381,20 @@ def corrupted_sets(c: Config, images: np.ndarray, workdir: pathlib.Path) -> tupl
 
 def evaluate(model: nnx.Module, batch_size: int, clean: np.ndarray, labels: np.ndarray,
              corrupted: np.ndarray, sets: list[tuple[str, int]], c: Config) -> dict:
-    """Clean and per-set accuracy and mean predictive entropy, plus per-image correctness means."""
+    """Clean and per-set accuracy and mean predictive entropy, plus per-image correctness means.
+
+    Sets are stacked ``batch_size // n`` at a time (at least one), converted to float32 in [0, 1] there
+    (``uint8`` CIFAR-10-C is stored as read), so memory stays at a few sets.
+    """
     k, n = corrupted.shape[:2]
-    logits = dh.predict_logits(model, np.concatenate([clean, corrupted.reshape((k * n,) + corrupted.shape[2:])]),
-                               batch_size=batch_size)
+    rows = [clean, *corrupted]
+    group = max(1, batch_size // n)
+
+    def as_float(x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x
+
+    logits = np.concatenate([dh.predict_logits(model, np.concatenate([as_float(x) for x in rows[i:i + group]]),
+                                               batch_size=batch_size) for i in range(0, k + 1, group)])
     correct = (logits.argmax(-1) == np.tile(labels, k + 1)).reshape(k + 1, n)
     entropy = np.asarray(dh.prediction_entropy(jnp.asarray(logits))).reshape(k + 1, n).mean(1)
     seen_rows = [i + 1 for i, (name, _) in enumerate(sets) if name in c.seen]
@@ -368,7 +414,7 @@ def evaluate(model: nnx.Module, batch_size: int, clean: np.ndarray, labels: np.n
 
 
 def _arm_cache(c: Config, arch: str, arm: str, seed: int, workdir: pathlib.Path) -> epath.Path:
-    skip = {"progress", "archs", "ablation_archs", "seeds", "t_level", "se_multiple", "eval_batch_size"}
+    skip = {"progress", "archs", "ablation_archs", "seeds", "t_level", "se_multiple", "eval_batch_size", "data_dir"}
     fields = {k: v for k, v in dataclasses.asdict(c).items() if k not in skip}
     blob = json.dumps({"v": _CACHE_VERSION, "c": fields, "arch": arch, "arm": arm, "seed": seed}, sort_keys=True,
                       default=str)
@@ -582,7 +628,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     summary = _summaries(c, results)
     plots = [_plot_bars(c, summary, workdir), _plot_severity(c, results, workdir)]
     steps = sorted({st for arch in summary.values() for arm, d in arch.items() if arm != "base" for st in d["steps"]})
-    context = (f"Digits 16x16 ({n_test} test images), CNN and ViT fine-tuned {c.finetune_steps} steps per arm "
+    data_desc = "CIFAR-10 / CIFAR-10-C 32x32" if c.dataset == "cifar10" else f"Digits {8 * c.upsample}x{8 * c.upsample}"
+    context = (f"{data_desc} ({n_test} test images), CNN and ViT fine-tuned {c.finetune_steps} steps per arm "
                f"(equal: {steps}), {len(c.seeds)} seeds, severities {list(c.severities)}, "
                f"{len(c.seen)} seen and {len(c.held_out)} held-out corruptions; ablations on "
                f"{', '.join(c.ablation_archs) or 'none'}. Base clean / seen mCA: "
@@ -671,8 +718,11 @@ EXPERIMENT = registry.Experiment(
                                 seen=("contrast", "defocus_blur"), held_out=("gaussian_blur",), severities=(3,),
                                 progress=False),
         "quick": lambda: Config(finetune_steps=40),
-        "paper": lambda: Config(cnn_train_steps=630, vit_train_steps=800, finetune_steps=210, seeds=(0, 1, 2, 3, 4),
-                                ablation_archs=ARCHS, severities=(1, 2, 3, 4, 5)),
+        "paper": lambda: Config(dataset="cifar10", seen=CIFAR10_C_MAIN, held_out=CIFAR10_C_EXTRA,
+                                cnn_channels=(64, 128, 256), cnn_hidden_dim=256, vit_d_model=128, vit_d_ff=512,
+                                vit_num_layers=6, batch_size=128, cnn_train_steps=10000, vit_train_steps=20000,
+                                finetune_steps=1000, seeds=(0, 1, 2, 3, 4), ablation_archs=ARCHS,
+                                severities=(1, 2, 3, 4, 5), eval_batch_size=1000),
     },
     run=run,
 )

@@ -16,14 +16,6 @@ import pytest
 
 from experiments import data
 
-_SKIP = "tensorflow-datasets is not installed (the [data] extra; CI installs only [test])"
-
-
-@pytest.fixture(scope="module")
-def tfds():
-    return pytest.importorskip("tensorflow_datasets", reason=_SKIP)
-
-
 def test_missing_tfds_names_the_data_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # makes `import tensorflow_datasets` fail
     with pytest.raises(ImportError, match=r"tensorflow-datasets.*\[data\]"):
@@ -46,35 +38,53 @@ def test_bad_arguments_name_the_argument(kwargs, match):
 # --- mock_data: CIFAR-10, CIFAR-10-C and GSM8K without their files -----------------------------------
 
 
-@pytest.fixture
-def mocked(tfds, monkeypatch):
-    """TFDS's mock data, with the builders reporting themselves prepared (the mock serves every split)."""
-    monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
-    with tfds.testing.mock_data(num_examples=6):
-        yield tfds
-
-
 @pytest.mark.parametrize("name, split", [("cifar10", "train"), ("cifar10_corrupted/gaussian_noise_3", "test")])
-def test_mock_cifar_images_match_tfds_reader(mocked, name, split, tmp_path):
+def test_mock_cifar_images_match_tfds_reader(mocked_tfds, name, split, tmp_path):
     images, labels = data.load(name, split, data_dir=tmp_path)
     assert images.shape == (6, 32, 32, 3) and images.dtype == np.uint8
     assert labels.shape == (6,) and labels.dtype == np.int32
     assert labels.min() >= 0 and labels.max() < 10
-    ref = mocked.data_source(name, split=split, download=False)
+    ref = mocked_tfds.data_source(name, split=split, download=False)
     np.testing.assert_array_equal(images, np.stack([ref[i]["image"] for i in range(6)]))
     np.testing.assert_array_equal(labels, [int(ref[i]["label"]) for i in range(6)])
     first = data.load(name, split, data_dir=tmp_path, max_examples=2)
     np.testing.assert_array_equal(first.inputs, images[:2])
 
 
-def test_mock_gsm8k_text(mocked, tmp_path):
+def test_mock_gsm8k_text(mocked_tfds, tmp_path):
     questions, answers = data.load("gsm8k", "test", data_dir=tmp_path)
     assert questions.shape == answers.shape == (6,) and questions.dtype == object
     assert all(isinstance(q, str) and q for q in questions)
-    ref = mocked.data_source("gsm8k", split="test", download=False)
+    ref = mocked_tfds.data_source("gsm8k", split="test", download=False)
     text = lambda v: v.decode() if isinstance(v, bytes) else v  # the mock yields str, real records bytes
     assert list(questions) == [text(ref[i]["question"]) for i in range(6)]
     assert list(answers) == [text(ref[i]["short_answer"]).strip() for i in range(6)]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(corruption="frosted_glass_blur", severity=1), "corruption must be a CIFAR-10-C corruption"),
+    (dict(corruption="fog", severity=0), "severity must be an int in 1..5, got 0"),
+    (dict(corruption="fog", severity=2.0), "severity must be an int in 1..5"),
+])
+def test_cifar10_c_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        data.cifar10_c_images(**kwargs)
+
+
+@pytest.mark.parametrize("corruption, tfds_name", [("glass_blur", "frosted_glass_blur"),
+                                                   ("elastic_transform", "elastic"), ("fog", "fog")])
+def test_cifar10_helpers_scale_and_map_names(mocked_tfds, corruption, tfds_name, tmp_path):
+    raw, labels = data.load("cifar10", "test", data_dir=tmp_path)
+    images, labels2 = data.cifar10_images("test", data_dir=tmp_path)
+    assert images.dtype == np.float32 and 0.0 <= images.min() and images.max() <= 1.0
+    np.testing.assert_array_equal(images, raw.astype(np.float32) / 255.0)
+    np.testing.assert_array_equal(labels, labels2)
+    ref, _ = data.load(f"cifar10_corrupted/{tfds_name}_4", "test", data_dir=tmp_path, max_examples=3)
+    got, _ = data.cifar10_c_images(corruption, 4, data_dir=tmp_path, max_examples=3, raw=True)
+    assert got.dtype == np.uint8 and got.shape == (3, 32, 32, 3)
+    np.testing.assert_array_equal(got, ref)
+    scaled, _ = data.cifar10_c_images(corruption, 4, data_dir=tmp_path, max_examples=3)
+    np.testing.assert_array_equal(scaled, ref.astype(np.float32) / 255.0)
 
 
 # --- a tiny dataset really prepared on disk (no mock) ------------------------------------------------

@@ -108,3 +108,60 @@ def test_cached_evaluation_matches_the_librarys_corruption_accuracy(tmp_path):
     # the cache returns the same sets
     sets2, corrupted2 = exp.corrupted_sets(c, images, tmp_path)
     assert sets2 == sets and np.array_equal(corrupted2, corrupted)
+
+
+def test_evaluation_of_uint8_sets_and_any_set_grouping_agree():
+    """CIFAR-10-C sets are stored as uint8 and scored a few sets at a time: same numbers as float sets."""
+    c = dataclasses.replace(exp.EXPERIMENT.config("smoke"), seen=("contrast",), held_out=("defocus_blur",),
+                            severities=(2, 4))
+    rng = np.random.default_rng(1)
+    clean = rng.integers(0, 256, (12, 8, 8, 1)).astype(np.float32) / 255.0
+    raw = rng.integers(0, 256, (4, 12, 8, 8, 1), dtype=np.uint8)
+    labels = rng.integers(0, 10, 12).astype(np.int32)
+    sets = [("contrast", 2), ("contrast", 4), ("defocus_blur", 2), ("defocus_blur", 4)]
+    model = CNN(CNNConfig(channels=(4,), hidden_dim=0, num_groups=1), rngs=nnx.Rngs(0))
+    ref = exp.evaluate(model, 60, clean, labels, raw.astype(np.float32) / 255.0, sets, c)  # one group of 5 sets
+    for batch_size in (7, 24):  # one set per group / two sets per group
+        row = exp.evaluate(model, batch_size, clean, labels, raw, sets, c)
+        assert row["accuracy"] == ref["accuracy"] and row["img_seen"] == ref["img_seen"]
+        assert row["entropy"] == pytest.approx(ref["entropy"], rel=1e-5)
+    logits = dh.predict_logits(model, raw[3].astype(np.float32) / 255.0)  # an independent count
+    assert ref["accuracy"]["defocus_blur/4"] == pytest.approx(float(np.mean(logits.argmax(-1) == labels)))
+
+
+def test_cifar10_config_checks_corruption_names_against_cifar10_c():
+    with pytest.raises(ValueError, match=r"seen must list corruptions of experiments\.data"):
+        exp.Config(dataset="cifar10", seen=("elastic",), held_out=("saturate",))
+    with pytest.raises(ValueError, match=r"seen must list corruptions of primitives\.corruptions"):
+        exp.Config(seen=("snow",))  # digits: only the implemented corruptions
+    with pytest.raises(ValueError, match="dataset must be one of"):
+        exp.Config(dataset="imagenet")
+    with pytest.raises(ValueError, match="cifar_test must be >= 1; got 0"):
+        exp.Config(cifar_test=0)
+    c = exp.EXPERIMENT.config("paper")
+    assert c.dataset == "cifar10" and len(c.seen) == 15 and "snow" in c.seen and "spatter" in c.held_out
+    assert exp.cnn_config(c).in_channels == 3 and exp.vit_config(c, 32).channels == 3
+
+
+def test_cifar10_without_tfds_names_the_data_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # makes `import tensorflow_datasets` fail
+    with pytest.raises(ImportError, match=r"tensorflow-datasets.*\[data\]"):
+        exp._data(exp.EXPERIMENT.config("paper"))
+
+
+def test_cifar10_run_on_mock_cifar10_c(mocked_tfds, tmp_path):
+    """The paper preset's data path end to end at smoke size on TFDS's mock CIFAR-10 / CIFAR-10-C."""
+    c = dataclasses.replace(exp.EXPERIMENT.config("smoke"), dataset="cifar10", data_dir=str(tmp_path / "tfds"),
+                            seen=("snow", "glass_blur"), held_out=("spatter",), cnn_train_steps=2, batch_size=4)
+    train, (xte, yte) = exp._data(c)
+    assert train[0].shape == (6, 32, 32, 3) and train[0].dtype == np.float32 and xte.shape == (6, 32, 32, 3)
+    sets, corrupted = exp.corrupted_sets(c, xte, tmp_path)
+    assert sets == [("snow", 3), ("glass_blur", 3), ("spatter", 3)]
+    assert corrupted.shape == (3, 6, 32, 32, 3) and corrupted.dtype == np.uint8
+    ref = mocked_tfds.data_source("cifar10_corrupted/frosted_glass_blur_3", split="test", download=False)
+    np.testing.assert_array_equal(corrupted[1], np.stack([ref[i]["image"] for i in range(6)]))
+    out = exp.run(c, tmp_path / "run")
+    assert set(out["metrics"]["summary"]["cnn"]) >= {"base", "dem_hec", "clean", "pgd"}
+    assert out["metrics"]["checks"] and "CIFAR-10 / CIFAR-10-C" in out["verdict"]

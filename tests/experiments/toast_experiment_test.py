@@ -122,6 +122,36 @@ def test_data_shapes_and_digits():
     assert b1["image"].shape == (5, 16, 16, 1) and np.array_equal(b1["image"], b2["image"])
 
 
+def test_cifar10_config_and_missing_tfds(monkeypatch):
+    import sys
+
+    c = exp.EXPERIMENT.config("paper")
+    assert c.dataset == "cifar10" and exp.vit_config(c, 32).channels == 3
+    with pytest.raises(ValueError, match="dataset must be one of"):
+        exp.Config(dataset="cifar100")
+    with pytest.raises(ValueError, match="cifar_train must be >= 1; got 0"):
+        exp.Config(cifar_train=0)
+    # digits checkpoints keep their fingerprint; CIFAR-10's sizes join it on that dataset only
+    assert "cifar_train" not in exp._fingerprint(exp.Config(), *exp._TRAIN_FIELDS)
+    assert '"cifar_train": 500' in exp._fingerprint(exp.Config(dataset="cifar10", cifar_train=500), *exp._TRAIN_FIELDS)
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # makes `import tensorflow_datasets` fail
+    with pytest.raises(ImportError, match=r"tensorflow-datasets.*\[data\]"):
+        exp._data(c)
+
+
+def test_cifar10_run_on_mock_data(mocked_tfds, tmp_path):
+    """The paper preset's data path end to end at smoke size on TFDS's mock CIFAR-10 (RGB 32x32)."""
+    import dataclasses
+
+    c = dataclasses.replace(exp.EXPERIMENT.config("smoke"), dataset="cifar10", data_dir=str(tmp_path / "tfds"),
+                            batch_size=4, calibration_size=4)
+    (xtr, ytr), (xte, yte) = exp._data(c)
+    assert xtr.shape == xte.shape == (6, 32, 32, 3) and xtr.dtype == np.float32 and xtr.max() <= 1.0
+    out = exp.run(c, tmp_path / "run")
+    assert out["metrics"]["dataset"] == "cifar10" and out["metrics"]["checks"]
+    assert out["metrics"]["dense_macs"] == toast.count_macs(exp.vit_config(c, 32)).total  # 3 input channels
+
+
 @pytest.mark.parametrize("kind", ["plain", "tcs", "tokens"])
 def test_finetune_without_workdir_equals_fit(kind):
     """`toast.finetune` without a workdir (the step cached per structure, as every fine-tuning of the
