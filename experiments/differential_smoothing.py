@@ -52,6 +52,10 @@ Recipe:
     python -m experiments run differential_smoothing --preset smoke   # seconds, used by the tests
     python -m experiments run differential_smoothing --preset quick   # 2 CPU cores, about 5 minutes
     python -m experiments run differential_smoothing --preset paper   # bigger model/longer RL, accelerator
+    python -m experiments run differential_smoothing --preset smoke --tab.steps 40   # one field of a section
+
+Config sections (`run differential_smoothing --help` lists every field): tab (part (a)), countdown, sft, model,
+rl (with the DS and entropy arms), eval.
 
 The quick preset is small: a 2-layer 64-wide model, 80 RL iterations of 16 prompts x 8 samples per arm,
 8 RL arms x 3 seeds; differences of a few points in pass@k are within seed noise at this scale. (The quick
@@ -110,28 +114,35 @@ class TabularToy:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """differential_smoothing settings (every field can be overridden on the command line)."""
+class CountDownSection:
+    """Part (b)'s task, CountDown (``--countdown.max-target 200``)."""
 
-    # (a) Tabular toy.
-    tab: TabularToy = TabularToy()
-    # (b) CountDown.
-    lm: bool = True
     num_numbers: int = 3
     max_number: int = 9
     max_target: int = 100
     test_fraction: float = 0.1
-    sft_pool: int = 3000
-    sft_invalid_fraction: float = 0.3
-    sft_zipf: float = 1.0
-    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192)
-    sft_steps: int = 1500
-    sft_batch: int = 64
-    sft_lr: float = 3e-3
-    rl_steps: int = 120
-    rl_prompts: int = 16
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTSection:
+    """The SFT warm start (``--sft.steps 3000``)."""
+
+    pool: int = 3000
+    invalid_fraction: float = 0.3
+    zipf: float = 1.0
+    steps: int = 1500
+    batch: int = 64
+    lr: float = 3e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RLSection:
+    """GRPO and its arms, every arm the same budget (``--rl.steps 200``); ``temperature`` also samples the evaluation."""
+
+    steps: int = 120
+    prompts: int = 16
     group_size: int = 8
-    rl_lr: float = 1e-4
+    lr: float = 1e-4
     temperature: float = 1.0
     num_inner_steps: int = 1
     clip_eps: float = 0.2
@@ -140,14 +151,45 @@ class Config:
     ds_gammas: tuple[tuple[float, float], ...] = ((0.5, 0.25), (1.0, 0.5), (2.0, 1.0))
     ds_logp_reduction: str = "sum"
     entropy_coefs: tuple[float, ...] = (0.02, 0.1)  # bonus and penalty arms
-    eval_problems: int = 64
-    eval_samples: int = 64
-    eval_chunk: int = 1024
+    seeds: int = 3  # RL runs per arm from the same SFT model (seeds seed .. seed + seeds - 1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """pass@k on held-out CountDown problems (``--eval.samples 128``)."""
+
+    problems: int = 64
+    samples: int = 64
+    chunk: int = 1024
     ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    rl_seeds: int = 3  # RL runs per arm from the same SFT model (seeds seed .. seed + rl_seeds - 1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """differential_smoothing settings, in sections overridden on the command line as ``--rl.steps 200``."""
+
+    # (a) Tabular toy.
+    tab: TabularToy = TabularToy()
+    # (b) CountDown with a small LM (lm=False skips it).
+    lm: bool = True
+    countdown: CountDownSection = CountDownSection()
+    sft: SFTSection = SFTSection()
+    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192)
+    rl: RLSection = RLSection()
+    eval: EvalSection = EvalSection()
     checkpoint: bool = True
     seed: int = 0
     progress: bool = True
+
+    def __post_init__(self):
+        if self.rl.group_size < 2:
+            raise registry.ConfigError("rl.group_size", f"must be >= 2 (GRPO normalises within a group); "
+                                                        f"got {self.rl.group_size}")
+        if self.rl.seeds < 1:
+            raise registry.ConfigError("rl.seeds", f"must be >= 1; got {self.rl.seeds}")
+        if self.eval.samples < 1 or not any(k <= self.eval.samples for k in self.eval.ks):
+            raise registry.ConfigError("eval.samples", f"must be >= 1 and >= the smallest of eval.ks="
+                                                       f"{self.eval.ks}; got {self.eval.samples}")
 
 
 # --- (a) the tabular toy -----------------------------------------------------------------------
@@ -235,8 +277,9 @@ def run_tabular(c: Config) -> dict:
 
 
 def _task(c: Config) -> CountdownTask:
-    return CountdownTask(num_numbers=c.num_numbers, max_number=c.max_number, max_target=c.max_target,
-                         test_fraction=c.test_fraction, seed=c.seed)
+    t = c.countdown
+    return CountdownTask(num_numbers=t.num_numbers, max_number=t.max_number, max_target=t.max_target,
+                         test_fraction=t.test_fraction, seed=c.seed)
 
 
 def _invalid_expressions(task, problem, rng, count):
@@ -251,11 +294,11 @@ def _sft_pool(c: Config, task: CountdownTask):
     """Train problems with their solutions (Zipf weights over a random order) and a few invalid expressions."""
     rng = np.random.default_rng([c.seed, 7])
     pool = []
-    for problem in task.sample(c.sft_pool, seed=1, split="train"):
+    for problem in task.sample(c.sft.pool, seed=1, split="train"):
         sols = task.solve(problem)
         order = rng.permutation(len(sols))
         sols = [sols[i] for i in order]
-        weights = 1.0 / np.arange(1, len(sols) + 1) ** c.sft_zipf
+        weights = 1.0 / np.arange(1, len(sols) + 1) ** c.sft.zipf
         pool.append((problem, sols, weights / weights.sum(), _invalid_expressions(task, problem, rng, 8)))
     return pool
 
@@ -266,9 +309,9 @@ def _sft_batch_fn(c: Config, task, pool, seq_len):
     def batch_fn(position):
         rng = np.random.default_rng([c.seed, 11, position])
         prompts, comps = [], []
-        for i in rng.integers(0, len(pool), c.sft_batch):
+        for i in rng.integers(0, len(pool), c.sft.batch):
             problem, sols, w, invalid = pool[i]
-            if invalid and rng.random() < c.sft_invalid_fraction:
+            if invalid and rng.random() < c.sft.invalid_fraction:
                 comps.append(invalid[rng.integers(len(invalid))])
             else:
                 comps.append(sols[rng.choice(len(sols), p=w)])
@@ -285,7 +328,7 @@ def _prompt_fn(c: Config, task, problems, prompt_len, seed: int | None = None):
 
     def prompt_fn(position):
         rng = np.random.default_rng([seed, 13, position])
-        chosen = [problems[i] for i in rng.integers(0, len(problems), c.rl_prompts)]
+        chosen = [problems[i] for i in rng.integers(0, len(problems), c.rl.prompts)]
         b = prompt_batch(tok, [task.prompt(p) for p in chosen], seq_len=prompt_len)
         return grpo.PromptBatch(chosen, b["tokens"], b["prompt_lengths"])
 
@@ -325,20 +368,21 @@ def run_countdown(c: Config, workdir: pathlib.Path) -> dict:
     max_new = task.max_solution_len + 1
     pool = _sft_pool(c, task)
     model_cfg = c.model.transformer(tok.vocab_size)
-    if c.sft_steps == 0:  # smoke only: no warm start (saves the SFT compile)
+    if c.sft.steps == 0:  # smoke only: no warm start (saves the SFT compile)
         make = lambda: Transformer(model_cfg, rngs=nnx.Rngs(c.seed))
         graphdef, _ = nnx.split(nnx.eval_shape(make), nnx.Param)
         base_params = jax.jit(lambda: nnx.to_pure_dict(nnx.split(make(), nnx.Param)[1]))()  # one compile
         return _rl_and_eval(c, task, pool, graphdef, base_params, workdir)
     sft = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
-        optimizer_config=training.OptimizerConfig(learning_rate=c.sft_lr, warmup_steps=min(100, c.sft_steps // 5),
-                                                  total_steps=c.sft_steps, weight_decay=0.01),
-        batch_fn=_sft_batch_fn(c, task, pool, seq_len), num_steps=c.sft_steps,
-        workdir=(workdir / "sft") if c.checkpoint else None, seed=c.seed, checkpoint_every=max(c.sft_steps, 1),
-        log_every=max(1, c.sft_steps // 10), progress=c.progress, desc="ds sft",
-        fingerprint=repr(("sft", c.sft_pool, c.sft_invalid_fraction, c.sft_zipf, c.sft_steps, c.sft_batch, c.sft_lr,
-                          model_cfg, c.seed, c.num_numbers, c.max_number, c.max_target, c.test_fraction)))
+        optimizer_config=training.OptimizerConfig(learning_rate=c.sft.lr, warmup_steps=min(100, c.sft.steps // 5),
+                                                  total_steps=c.sft.steps, weight_decay=0.01),
+        batch_fn=_sft_batch_fn(c, task, pool, seq_len), num_steps=c.sft.steps,
+        workdir=(workdir / "sft") if c.checkpoint else None, seed=c.seed, checkpoint_every=max(c.sft.steps, 1),
+        log_every=max(1, c.sft.steps // 10), progress=c.progress, desc="ds sft",
+        fingerprint=repr(("sft", c.sft.pool, c.sft.invalid_fraction, c.sft.zipf, c.sft.steps, c.sft.batch, c.sft.lr,
+                          model_cfg, c.seed, c.countdown.num_numbers, c.countdown.max_number, c.countdown.max_target,
+                          c.countdown.test_fraction)))
     return _rl_and_eval(c, task, pool, sft.graphdef, sft.state.params, workdir)
 
 
@@ -346,40 +390,40 @@ def _rl_and_eval(c: Config, task, pool, graphdef, base_params, workdir) -> dict:
     tok = task.tokenizer()
     prompt_len = task.max_prompt_len + 1
     max_new = task.max_solution_len + 1
-    test_problems = task.sample(c.eval_problems, seed=99, split="test")
-    eval_kw = dict(num_samples=c.eval_samples, ks=[k for k in c.ks if k <= c.eval_samples], chunk=c.eval_chunk,
-                   max_new_tokens=max_new, prompt_len=prompt_len, temperature=c.temperature)
+    test_problems = task.sample(c.eval.problems, seed=99, split="test")
+    eval_kw = dict(num_samples=c.eval.samples, ks=[k for k in c.eval.ks if k <= c.eval.samples], chunk=c.eval.chunk,
+                   max_new_tokens=max_new, prompt_len=prompt_len, temperature=c.rl.temperature)
     eval_key = jax.random.key(c.seed + 123)
     evals = {"sft": evaluate(graphdef, base_params, task, test_problems, key=eval_key, **eval_kw)}
 
     train_problems = [p for p, *_ in pool]
     reward_fn = grpo.text_reward(tok, task.reward)
-    base_cfg = grpo.GRPOConfig(group_size=c.group_size, max_new_tokens=max_new, temperature=c.temperature,
-                               stop_tokens=(tok.eos_id,), pad_id=tok.pad_id, clip_eps=c.clip_eps,
-                               reduction=c.reduction, num_inner_steps=c.num_inner_steps)
+    base_cfg = grpo.GRPOConfig(group_size=c.rl.group_size, max_new_tokens=max_new, temperature=c.rl.temperature,
+                               stop_tokens=(tok.eos_id,), pad_id=tok.pad_id, clip_eps=c.rl.clip_eps,
+                               reduction=c.rl.reduction, num_inner_steps=c.rl.num_inner_steps)
     arms = {"grpo": (base_cfg, None)}
-    for gp, gn in c.ds_gammas:
+    for gp, gn in c.rl.ds_gammas:
         arms[f"ds p{gp:g} n{gn:g}"] = (base_cfg, ds.ds_advantage_fn(gamma_p=gp, gamma_n=gn,
-                                                                    logp_reduction=c.ds_logp_reduction))
-    for e in c.entropy_coefs:
+                                                                    logp_reduction=c.rl.ds_logp_reduction))
+    for e in c.rl.entropy_coefs:
         arms[f"entropy_bonus {e:g}"] = (ds.entropy_bonus_config(base_cfg, e), None)
-    for e in c.entropy_coefs:
+    for e in c.rl.entropy_coefs:
         arms[f"entropy_penalty {e:g}"] = (ds.entropy_penalty_config(base_cfg, e), None)
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.rl_lr))
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.rl.lr))
     histories, seed_evals = {}, {}
-    if c.rl_steps == 0:  # smoke only: the engine itself is covered by tests/algorithms/rl
+    if c.rl.steps == 0:  # smoke only: the engine itself is covered by tests/algorithms/rl
         arms = {}
     for name, (cfg, adv_fn) in arms.items():
         seed_evals[name] = []
-        for seed in range(c.seed, c.seed + c.rl_seeds):
+        for seed in range(c.seed, c.seed + c.rl.seeds):
             res = grpo.train(graphdef=graphdef, params=base_params, optimizer=optimizer, config=cfg,
                              prompt_fn=_prompt_fn(c, task, train_problems, prompt_len, seed=seed),
-                             reward_fn=reward_fn, advantage_fn=adv_fn, num_steps=c.rl_steps, seed=seed,
+                             reward_fn=reward_fn, advantage_fn=adv_fn, num_steps=c.rl.steps, seed=seed,
                              workdir=(workdir / f"rl_{name}_s{seed}") if c.checkpoint else None,
-                             checkpoint_every=max(c.rl_steps // 2, 1), log_every=max(1, c.rl_steps // 20),
+                             checkpoint_every=max(c.rl.steps // 2, 1), log_every=max(1, c.rl.steps // 20),
                              progress=c.progress, desc=f"ds {name} seed {seed}",
-                             fingerprint=repr((name, cfg, c.ds_logp_reduction, c.rl_lr, c.rl_steps,
-                                               c.rl_prompts, seed)))
+                             fingerprint=repr((name, cfg, c.rl.ds_logp_reduction, c.rl.lr, c.rl.steps,
+                                               c.rl.prompts, seed)))
             if seed == c.seed:
                 histories[name] = res.history
             seed_evals[name].append(evaluate(graphdef, res.state.params, task, test_problems,
@@ -556,9 +600,9 @@ def _verdict(tab, cd, c: Config):
         kmax = max(ev["sft"]["pass_at_k"])
         row = lambda n: (f"{n}: pass@1 {ev[n]['pass_at_k'][1]:.3f}, pass@{kmax} {ev[n]['pass_at_k'][kmax]:.3f}, "
                          f"distinct {ev[n]['distinct_correct']:.2f}")
-        parts.append(f"(b) CountDown-3, {cd['num_test_problems']} held-out-target problems ({c.eval_samples} samples "
+        parts.append(f"(b) CountDown-3, {cd['num_test_problems']} held-out-target problems ({c.eval.samples} samples "
                      f"each, {cd['mean_solutions_per_test_problem']:.1f} solutions per problem on average), "
-                     f"{c.rl_steps} RL iterations x {c.rl_prompts} prompts x {c.group_size}, {c.rl_seeds} seeds "
+                     f"{c.rl.steps} RL iterations x {c.rl.prompts} prompts x {c.rl.group_size}, {c.rl.seeds} seeds "
                      "(means): "
                      + "; ".join(row(n) for n in ev) + ".")
 
@@ -571,7 +615,7 @@ def _verdict(tab, cd, c: Config):
                             f"{ev[n]['pass_at_k'][kmax]:.3f}+-{ev[n]['pass_at_k_se'][kmax]:.3f}")
         checks.append(Check(
             f"CountDown: share of baseline arms (GRPO, entropy bonus/penalty) for which some DS arm is at least as "
-            f"good on both pass@1 and pass@{kmax} (tolerance 1 SE of the difference, {c.rl_seeds} seeds)",
+            f"good on both pass@1 and pass@{kmax} (tolerance 1 SE of the difference, {c.rl.seeds} seeds)",
             dom["covered_share"],
             paper="Thm 3.4: for every entropy-regularised policy some DS policy is at least as correct and as "
                   "diverse; abstract: DS improves both Pass@1 and Pass@k",
@@ -598,7 +642,7 @@ def _cause(checks: list[Check], cd, c: Config) -> tuple[str, str | None]:
     """Why the failing required checks failed, with the numbers, and the cause class (None when all pass).
 
     The tabular checks are exact (closed-form optima and expected updates, no sampling); the CountDown
-    check compares seed means of a 2-layer model after `rl_steps` (quick: 80) RL iterations. A CountDown
+    check compares seed means of a 2-layer model after `rl.steps` (quick: 80) RL iterations. A CountDown
     failure is read as a scale limit: the uncovered baseline arm's gap to the nearest DS arm is given in units of the
     tolerance (the SE of the difference), so a reader sees whether it is noise-sized or not.
     """
@@ -629,8 +673,8 @@ def _cause(checks: list[Check], cd, c: Config) -> tuple[str, str | None]:
         else:
             parts.append(f"{ch.name}: {ch.measured if not isinstance(ch.measured, float) else f'{ch.measured:.3g}'}"
                          f" against {ch.threshold}")
-    parts.append(f"scale: a 2-layer 64-wide model, {c.rl_steps} RL iterations x {c.rl_prompts} prompts, "
-                 f"{c.rl_seeds} seeds, {c.eval_problems} held-out problems (the paper: 1B-8B models)")
+    parts.append(f"scale: a 2-layer 64-wide model, {c.rl.steps} RL iterations x {c.rl.prompts} prompts, "
+                 f"{c.rl.seeds} seeds, {c.eval.problems} held-out problems (the paper: 1B-8B models)")
     return "; ".join(parts), "scale"
 
 
@@ -675,7 +719,7 @@ def _plot_countdown(cd, c: Config, workdir: pathlib.Path) -> str:
     axes[0].legend(fontsize=7)
     names = list(cd["evals"])
     axes[1].bar(names, [cd["evals"][n]["distinct_correct"] for n in names], color=[colors[n] for n in names])
-    axes[1].set(ylabel=f"distinct correct in {c.eval_samples}", title="diversity")
+    axes[1].set(ylabel=f"distinct correct in {c.eval.samples}", title="diversity")
     axes[1].tick_params(axis="x", rotation=30, labelsize=7)
     for name, hist in cd["histories"].items():
         axes[2].plot([h["iteration"] for h in hist], [h["reward_mean"] for h in hist], color=colors[name], label=name)
@@ -690,17 +734,18 @@ EXPERIMENT = registry.Experiment(
         "smoke": lambda: Config(lm=False,
                                 tab=TabularToy(num_trajectories=16, num_correct=4, num_problems=1, steps=20,
                                                entropy_coefs=(0.3,), gamma_ps=(1.0,), gamma_ns=(0.0,), k=8, opt_grid=3),
-                                sft_pool=40,
+                                sft=SFTSection(pool=40, steps=0, batch=8),
                                 model=LMConfig(d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32),
-                                sft_steps=0, sft_batch=8, rl_steps=0, rl_prompts=2, group_size=4, eval_problems=2,
-                                eval_samples=4, eval_chunk=8, ks=(1, 2, 4), checkpoint=False, progress=False),
-        "quick": lambda: Config(rl_steps=80),  # 120 before issue 26's CPU budget
-        "paper": lambda: Config(tab=TabularToy(num_problems=16, steps=2000), num_numbers=4, max_number=12,
-                                max_target=200, sft_pool=20000,
+                                rl=RLSection(steps=0, prompts=2, group_size=4),
+                                eval=EvalSection(problems=2, samples=4, chunk=8, ks=(1, 2, 4)),
+                                checkpoint=False, progress=False),
+        "quick": lambda: Config(rl=RLSection(steps=80)),  # 120 before issue 26's CPU budget
+        "paper": lambda: Config(tab=TabularToy(num_problems=16, steps=2000),
+                                countdown=CountDownSection(num_numbers=4, max_number=12, max_target=200),
+                                sft=SFTSection(pool=20000, steps=10000, batch=256),
                                 model=LMConfig(d_model=256, num_layers=4, num_heads=8, num_kv_heads=2, d_ff=768),
-                                sft_steps=10000, sft_batch=256, rl_steps=1000,
-                                rl_prompts=64, group_size=16, eval_problems=512, eval_samples=128,
-                                ks=(1, 2, 4, 8, 16, 32, 64, 128)),
+                                rl=RLSection(steps=1000, prompts=64, group_size=16),
+                                eval=EvalSection(problems=512, samples=128, ks=(1, 2, 4, 8, 16, 32, 64, 128))),
     },
     run=run,
 )

@@ -38,6 +38,10 @@ Recipe:
     python -m experiments run scm_grpo --preset smoke   # seconds, used by the tests
     python -m experiments run scm_grpo --preset quick   # 2 CPU cores, about 6-8 minutes
     python -m experiments run scm_grpo --preset paper   # bigger model, longer RL, accelerator
+    python -m experiments run scm_grpo --preset smoke --rl.steps 2   # one field of a config section
+
+Config sections (`run scm_grpo --help` lists every field): task, sft, model, rl, reward (the library's
+`scm_grpo.RewardConfig`), eval.
 
 One seed, a 2-layer 64-wide model and 3 x 128 held-out claims x 4 samples per
 arm: accuracy differences of about 0.03 are within sampling noise.
@@ -46,7 +50,7 @@ Expected (quick, seed 0, about 4-6 minutes on 2 shared CPU cores; bitwise reprod
 mean |d - k| 0.48 (SFT) -> 0.27 (label-only) vs 0.08 (structural), exact chains
 0.49 -> 0.73 vs 0.88; accuracy 3-hop 0.461 -> 0.555 vs 0.557, 4-hop 0.434 ->
 0.541 vs 0.555. The verdict head stays near chance (~0.55) in every arm, so the
-accuracy half of the claim is within noise here; with `--sft-steps 3000` the
+accuracy half of the claim is within noise here; with `--sft.steps 3000` the
 label-only arm collapses to 1-node graphs and the structural arm is not more
 accurate (see the report).
 """
@@ -81,55 +85,89 @@ ARMS = ("sft", "label_only", "structural")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """scm_grpo settings (every field can be overridden on the command line)."""
+class TaskSection:
+    """The multi-hop claim-verification world (``--task.num-entities 32``)."""
 
-    # Task.
     num_entities: int = 16
     num_relations: int = 6
     num_facts: int = 5
     min_hops: int = 2
     max_hops: int = 4
-    # SFT on noisy chains.
-    sft_pool: int = 8000
-    sft_clean_fraction: float = 0.5  # the first half of SFT sees gold chains only (the lookups are learned there)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTSection:
+    """The SFT warm start on noisy chains (``--sft.steps 3000``)."""
+
+    pool: int = 8000
+    clean_fraction: float = 0.5  # the first half of SFT sees gold chains only (the lookups are learned there)
     p_truncate: float = 0.2
     p_pad: float = 0.2
     max_pad: int = 2
-    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192)
-    sft_steps: int = 2000
-    sft_batch: int = 64
-    sft_lr: float = 3e-3
-    # GRPO.
-    rl_steps: int = 100
-    rl_prompts: int = 16
+    steps: int = 2000
+    batch: int = 64
+    lr: float = 3e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RLSection:
+    """GRPO, the same for both reward arms (``--rl.steps 200``); ``temperature`` also samples the evaluation."""
+
+    steps: int = 100
+    prompts: int = 16
     group_size: int = 8
-    rl_lr: float = 2e-4
+    lr: float = 2e-4
     temperature: float = 1.0
     clip_eps: float = 0.2
-    # The SCM-GRPO reward (the label-only arm uses w_struct = lambda_len = 0).
-    w_acc: float = 1.0
-    w_struct: float = 0.5
-    depth_s: float = 1.0
-    lambda_len: float = 0.1
-    # Evaluation.
-    eval_claims_per_hop: int = 128
-    eval_samples: int = 4
-    eval_chunk: int = 512
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """Held-out claims (``--eval.samples 8``)."""
+
+    claims_per_hop: int = 128
+    samples: int = 4
+    chunk: int = 512
     min_bin: int = 20  # the inverted-U diagnostic ignores depth bins with fewer samples
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """scm_grpo settings, in sections overridden on the command line as ``--rl.steps 200``."""
+
+    task: TaskSection = TaskSection()
+    sft: SFTSection = SFTSection()
+    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192)
+    rl: RLSection = RLSection()
+    # The SCM-GRPO reward of the structural arm (the label-only arm uses w_struct = lambda_len = 0).
+    reward: scm.RewardConfig = scm.RewardConfig(w_acc=1.0, w_struct=0.5, s=1.0, lambda_len=0.1)
+    eval: EvalSection = EvalSection()
     checkpoint: bool = True
     seed: int = 0
     progress: bool = True
 
+    def __post_init__(self):
+        if not 1 <= self.task.min_hops <= self.task.max_hops:
+            raise registry.ConfigError("task.min_hops", f"must be in [1, task.max_hops={self.task.max_hops}]; "
+                                                        f"got {self.task.min_hops}")
+        if not 0.0 <= self.sft.clean_fraction <= 1.0:
+            raise registry.ConfigError("sft.clean_fraction", f"must be in [0, 1]; got {self.sft.clean_fraction}")
+        if self.rl.group_size < 2:
+            raise registry.ConfigError("rl.group_size", f"must be >= 2 (GRPO normalises within a group); "
+                                                        f"got {self.rl.group_size}")
+        for name in ("claims_per_hop", "samples", "chunk"):
+            if getattr(self.eval, name) < 1:
+                raise registry.ConfigError(f"eval.{name}", f"must be >= 1; got {getattr(self.eval, name)}")
+
 
 def _task(c: Config) -> MultiHopTask:
-    return MultiHopTask(num_entities=c.num_entities, num_relations=c.num_relations, num_facts=c.num_facts,
-                        min_hops=c.min_hops, max_hops=c.max_hops, seed=c.seed)
+    t = c.task
+    return MultiHopTask(num_entities=t.num_entities, num_relations=t.num_relations, num_facts=t.num_facts,
+                        min_hops=t.min_hops, max_hops=t.max_hops, seed=c.seed)
 
 
 def _reward_config(c: Config, arm: str) -> scm.RewardConfig:
-    full = scm.RewardConfig(w_acc=c.w_acc, w_struct=c.w_struct, s=c.depth_s, lambda_len=c.lambda_len)
-    return full if arm == "structural" else scm.label_only_config(full)
+    return c.reward if arm == "structural" else scm.label_only_config(c.reward)
 
 
 def noisy_chain(problem, rng: np.random.Generator, c: Config) -> list[int]:
@@ -137,11 +175,11 @@ def noisy_chain(problem, rng: np.random.Generator, c: Config) -> list[int]:
     chain = list(problem.gold_chain)
     k = len(chain)
     u = rng.random()
-    if u < c.p_truncate and k > 1:
+    if u < c.sft.p_truncate and k > 1:
         return chain[: int(rng.integers(1, k))]
-    if u < c.p_truncate + c.p_pad:
+    if u < c.sft.p_truncate + c.sft.p_pad:
         others = sorted({e for f in problem.facts for e in (f.head, f.tail)} - set(chain))
-        extra = int(rng.integers(1, c.max_pad + 1))
+        extra = int(rng.integers(1, c.sft.max_pad + 1))
         for j in rng.permutation(others)[:extra]:
             chain.insert(int(rng.integers(0, len(chain) + 1)), int(j))
     return chain
@@ -150,18 +188,18 @@ def noisy_chain(problem, rng: np.random.Generator, c: Config) -> list[int]:
 def _lengths(c: Config, task: MultiHopTask) -> tuple[int, int, int]:
     """(prompt_len incl. BOS, max_new_tokens incl. EOS, SFT seq_len)."""
     prompt_len = task.max_prompt_len + 1
-    max_new = task.max_target_len(c.max_pad) + 1
+    max_new = task.max_target_len(c.sft.max_pad) + 1
     return prompt_len, max_new, prompt_len + max_new
 
 
 def _sft_batch_fn(c: Config, task: MultiHopTask, pool, seq_len: int):
     tok = task.tokenizer()
 
-    clean_steps = int(round(c.sft_clean_fraction * c.sft_steps))
+    clean_steps = int(round(c.sft.clean_fraction * c.sft.steps))
 
     def batch_fn(position):
         rng = np.random.default_rng([c.seed, 11, position])
-        chosen = [pool[i] for i in rng.integers(0, len(pool), c.sft_batch)]
+        chosen = [pool[i] for i in rng.integers(0, len(pool), c.sft.batch)]
         chains = [p.gold_chain if position < clean_steps else noisy_chain(p, rng, c) for p in chosen]
         b = lm_batch(tok, [task.prompt(p) for p in chosen], [task.target(p, ch) for p, ch in zip(chosen, chains)],
                      seq_len=seq_len)
@@ -174,7 +212,7 @@ def _prompt_fn(c: Config, task: MultiHopTask, prompt_len: int):
     tok = task.tokenizer()
 
     def prompt_fn(position):
-        chosen = task.sample(c.rl_prompts, seed=100_000 + position)
+        chosen = task.sample(c.rl.prompts, seed=100_000 + position)
         b = prompt_batch(tok, [task.prompt(p) for p in chosen], seq_len=prompt_len)
         return grpo.PromptBatch(chosen, b["tokens"], b["prompt_lengths"])
 
@@ -260,7 +298,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     tok = task.tokenizer()
     prompt_len, max_new, seq_len = _lengths(c, task)
     model_cfg = c.model.transformer(tok.vocab_size)
-    if c.sft_steps == 0:  # smoke only: no warm start (saves the SFT compile)
+    if c.sft.steps == 0:  # smoke only: no warm start (saves the SFT compile)
         make = lambda: Transformer(model_cfg, rngs=nnx.Rngs(c.seed))
         graphdef, _ = nnx.split(nnx.eval_shape(make), nnx.Param)
         base_params = jax.jit(lambda: nnx.to_pure_dict(nnx.split(make(), nnx.Param)[1]))()
@@ -270,45 +308,45 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
 
 
 def _sft(c: Config, task: MultiHopTask, model_cfg: TransformerConfig, seq_len: int, workdir: pathlib.Path):
-    pool = task.sample(c.sft_pool, seed=1)
+    pool = task.sample(c.sft.pool, seed=1)
     sft = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
-        optimizer_config=training.OptimizerConfig(learning_rate=c.sft_lr, warmup_steps=min(100, c.sft_steps // 5),
-                                                  total_steps=c.sft_steps, weight_decay=0.01),
-        batch_fn=_sft_batch_fn(c, task, pool, seq_len), num_steps=c.sft_steps,
-        workdir=(workdir / "sft") if c.checkpoint else None, seed=c.seed, checkpoint_every=max(c.sft_steps, 1),
-        log_every=max(1, c.sft_steps // 10), progress=c.progress, desc="scm sft",
-        fingerprint=repr(("sft", task, c.sft_pool, c.sft_clean_fraction, c.p_truncate, c.p_pad, c.max_pad, c.sft_steps, c.sft_batch,
-                          c.sft_lr, model_cfg, c.seed)))
+        optimizer_config=training.OptimizerConfig(learning_rate=c.sft.lr, warmup_steps=min(100, c.sft.steps // 5),
+                                                  total_steps=c.sft.steps, weight_decay=0.01),
+        batch_fn=_sft_batch_fn(c, task, pool, seq_len), num_steps=c.sft.steps,
+        workdir=(workdir / "sft") if c.checkpoint else None, seed=c.seed, checkpoint_every=max(c.sft.steps, 1),
+        log_every=max(1, c.sft.steps // 10), progress=c.progress, desc="scm sft",
+        fingerprint=repr(("sft", task, c.sft.pool, c.sft.clean_fraction, c.sft.p_truncate, c.sft.p_pad, c.sft.max_pad,
+                          c.sft.steps, c.sft.batch, c.sft.lr, model_cfg, c.seed)))
     return sft.graphdef, sft.state.params
 
 
 def _rl_and_eval(c: Config, task: MultiHopTask, graphdef, base_params, workdir: pathlib.Path) -> dict:
     tok = task.tokenizer()
     prompt_len, max_new, _ = _lengths(c, task)
-    test = {k: task.sample(c.eval_claims_per_hop, seed=99, hops=k) for k in range(c.min_hops, c.max_hops + 1)}
-    eval_kw = dict(num_samples=c.eval_samples, chunk=c.eval_chunk, max_new_tokens=max_new, prompt_len=prompt_len,
-                   temperature=c.temperature, key=jax.random.key(c.seed + 123))
+    test = {k: task.sample(c.eval.claims_per_hop, seed=99, hops=k) for k in range(c.task.min_hops, c.task.max_hops + 1)}
+    eval_kw = dict(num_samples=c.eval.samples, chunk=c.eval.chunk, max_new_tokens=max_new, prompt_len=prompt_len,
+                   temperature=c.rl.temperature, key=jax.random.key(c.seed + 123))
     evals = {"sft": evaluate(graphdef, base_params, task, test, **eval_kw)}
 
-    rl_cfg = grpo.GRPOConfig(group_size=c.group_size, max_new_tokens=max_new, temperature=c.temperature,
-                             stop_tokens=(tok.eos_id,), pad_id=tok.pad_id, clip_eps=c.clip_eps)
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.rl_lr))
+    rl_cfg = grpo.GRPOConfig(group_size=c.rl.group_size, max_new_tokens=max_new, temperature=c.rl.temperature,
+                             stop_tokens=(tok.eos_id,), pad_id=tok.pad_id, clip_eps=c.rl.clip_eps)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.rl.lr))
     prompt_fn = _prompt_fn(c, task, prompt_len)
     histories = {}
-    for arm in ARMS[1:] if c.rl_steps > 0 else ():
+    for arm in ARMS[1:] if c.rl.steps > 0 else ():
         reward_cfg = _reward_config(c, arm)
         res = grpo.train(graphdef=graphdef, params=base_params, optimizer=optimizer, config=rl_cfg,
                          prompt_fn=prompt_fn, reward_fn=scm.make_reward_fn(tok, config=reward_cfg),
-                         num_steps=c.rl_steps, seed=c.seed,
+                         num_steps=c.rl.steps, seed=c.seed,
                          workdir=(workdir / f"rl_{arm}") if c.checkpoint else None,
-                         checkpoint_every=max(c.rl_steps // 2, 1), log_every=max(1, c.rl_steps // 20),
+                         checkpoint_every=max(c.rl.steps // 2, 1), log_every=max(1, c.rl.steps // 20),
                          progress=c.progress, desc=f"scm {arm}",
-                         fingerprint=repr((arm, reward_cfg, rl_cfg, c.rl_lr, c.rl_steps, c.rl_prompts, task)))
+                         fingerprint=repr((arm, reward_cfg, rl_cfg, c.rl.lr, c.rl.steps, c.rl.prompts, task)))
         histories[arm] = res.history
         evals[arm] = evaluate(graphdef, res.state.params, task, test, **eval_kw)
 
-    diag = {arm: accuracy_by_relative_depth(ev["records"], min_bin=c.min_bin) for arm, ev in evals.items()}
+    diag = {arm: accuracy_by_relative_depth(ev["records"], min_bin=c.eval.min_bin) for arm, ev in evals.items()}
     metrics = {
         "per_hop": {arm: ev["per_hop"] for arm, ev in evals.items()},
         "overall": {arm: _overall(ev) for arm, ev in evals.items()},
@@ -317,8 +355,8 @@ def _rl_and_eval(c: Config, task: MultiHopTask, graphdef, base_params, workdir: 
         "inverted_u_sft": _inverted_u(diag["sft"]),
         "rl_final_train_reward": {arm: float(np.mean([h["reward_mean"] for h in hist[-3:]]))
                                   for arm, hist in histories.items()},
-        "num_test_claims_per_hop": c.eval_claims_per_hop,
-        "eval_samples": c.eval_samples,
+        "num_test_claims_per_hop": c.eval.claims_per_hop,
+        "eval_samples": c.eval.samples,
     }
     checks = _checks(metrics, diag)
     metrics["checks"] = [ch.as_dict() for ch in checks]
@@ -383,8 +421,8 @@ def _verdict(metrics: dict, diag: dict, c: Config, checks: list[Check]):
                         for k, v in ph[arm].items())
         rows.append(f"{arm}: {hops}; |d-k| {ov[arm]['mean_abs_depth_error']:.2f}, exact chains "
                     f"{ov[arm]['exact_chain_rate']:.3f}")
-    context = (f"Held-out ({c.eval_claims_per_hop} claims per hop x {c.eval_samples} samples), "
-               f"{c.rl_steps} GRPO iterations x {c.rl_prompts} prompts x {c.group_size}: " + "; ".join(rows)
+    context = (f"Held-out ({c.eval.claims_per_hop} claims per hop x {c.eval.samples} samples), "
+               f"{c.rl.steps} GRPO iterations x {c.rl.prompts} prompts x {c.rl.group_size}: " + "; ".join(rows)
                + ". One seed; accuracy gaps of ~0.03 are within sampling noise")
     claim = ("accuracy follows an inverted U in reasoning-chain length, and GRPO with a rule-based "
              "depth-vs-conciseness reward on explicit dependency graphs beats label-only rewards")
@@ -413,8 +451,8 @@ def _plot_inverted_u(evals, diag, c: Config, workdir: pathlib.Path) -> str:
     for k, depth, correct, _ in evals["sft"]["records"]:
         if depth >= 0:
             bins[(k, depth)].append(correct)
-    for k in range(c.min_hops, c.max_hops + 1):
-        ds_ = sorted(d for (kk, d), v in bins.items() if kk == k and len(v) >= max(1, c.min_bin // 2))
+    for k in range(c.task.min_hops, c.task.max_hops + 1):
+        ds_ = sorted(d for (kk, d), v in bins.items() if kk == k and len(v) >= max(1, c.eval.min_bin // 2))
         axes[1].plot(ds_, [np.mean(bins[(k, d)]) for d in ds_], "o-", label=f"{k}-hop")
     axes[1].set(xlabel="emitted depth d", ylabel="accuracy", title="SFT model, per hop count")
     plotting.legend(axes[1], fontsize=8)
@@ -446,7 +484,7 @@ def _plot_depths(metrics, c: Config, workdir: pathlib.Path) -> str:
     ph = metrics["per_hop"]
     hops = sorted(next(iter(ph.values())))
     fig, axes = plotting.subplots(1, len(hops), figsize=(4.2 * len(hops), 3.5), squeeze=False)
-    max_d = c.max_hops + c.max_pad + 1
+    max_d = c.task.max_hops + c.sft.max_pad + 1
     width = 0.8 / len(ph)
     for j, k in enumerate(hops):
         ax = axes[0, j]
@@ -466,17 +504,17 @@ EXPERIMENT = registry.Experiment(
     slug="scm_grpo",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(sft_pool=64,
+        "smoke": lambda: Config(sft=SFTSection(pool=64, steps=0, batch=8),
                                 model=LMConfig(d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32),
-                                sft_steps=0, sft_batch=8, rl_steps=1, rl_prompts=2, group_size=2,
-                                eval_claims_per_hop=2, eval_samples=2, eval_chunk=4, min_bin=1,
+                                rl=RLSection(steps=1, prompts=2, group_size=2),
+                                eval=EvalSection(claims_per_hop=2, samples=2, chunk=4, min_bin=1),
                                 checkpoint=False, progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(num_entities=32, num_relations=8, num_facts=10, sft_pool=200_000,
+        "paper": lambda: Config(task=TaskSection(num_entities=32, num_relations=8, num_facts=10),
+                                sft=SFTSection(pool=200_000, steps=20_000, batch=256),
                                 model=LMConfig(d_model=256, num_layers=6, num_heads=8, num_kv_heads=2, d_ff=768),
-                                sft_steps=20_000,
-                                sft_batch=256, rl_steps=1000, rl_prompts=64, group_size=8,
-                                eval_claims_per_hop=1000, eval_samples=8),
+                                rl=RLSection(steps=1000, prompts=64, group_size=8),
+                                eval=EvalSection(claims_per_hop=1000, samples=8)),
     },
     run=run,
 )

@@ -40,6 +40,9 @@ Recipe:
     python -m experiments run weightclip --preset smoke   # seconds, used by the tests
     python -m experiments run weightclip --preset quick   # ~3 min on 2 CPU cores (zoo cached in the workdir)
     python -m experiments run weightclip --preset paper   # larger zoo and AE, longer training
+    python -m experiments run weightclip --preset smoke --train.steps 40   # one field of a config section
+
+Config sections (`run weightclip --help` lists every field): zoo (and the held-out split), model, train, eval.
 """
 
 from __future__ import annotations
@@ -77,27 +80,39 @@ _VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """weightclip settings (every field can be overridden on the command line)."""
+class ZooSection:
+    """The model zoo (the mvprobe zoo recipe, narrower) and the held-out split (``--zoo.num-models 200``)."""
 
-    # Zoo (the mvprobe zoo recipe, narrower).
     num_models: int = 400
     hidden: tuple[int, ...] = (16, 16)
     num_subset_classes: int = 5
     noise_levels: tuple[float, ...] = (0.0, 0.3, 0.6)
-    zoo_steps: int = 150
-    zoo_batch_size: int = 128
+    steps: int = 150
+    batch_size: int = 128
     pretrain_steps: int = 300
     holdout_fraction: float = 0.2
     symmetry: str = "match"
-    # Models.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    """The weight autoencoder and the dataset encoder (``--model.d-model 64``)."""
+
     d_model: int = 32
     heads: int = 4
     layers: int = 1
     latent_dim: int = 16
     enc_hidden: int = 64
-    # Training (spec defaults: w = 0.25, b0 = -4, AdamW one-cycle, clip 1; t = 10 is the official class default;
-    # SigLIP summed over the batch's datasets as in the SigLIP paper, see the library docstring).
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """Training of every method (``--train.steps 400``).
+
+    Spec defaults: w = 0.25, b0 = -4, AdamW one-cycle, clip 1; t = 10 is the official class default;
+    SigLIP summed over the batch's datasets as in the SigLIP paper, see the library docstring.
+    """
+
     methods: tuple[str, ...] = _METHODS
     steps: int = 800
     batch_size: int = 64
@@ -107,7 +122,12 @@ class Config:
     temperature: float = 10.0
     bias_init: float = -4.0
     siglip_reduction: str = "sum_datasets"
-    # Evaluation.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """Retrieval, generation and refinement on the held-out datasets (``--eval.queries 4``)."""
+
     queries: int = 8
     ks: tuple[int, ...] = (1, 2, 5, 10)
     pairs_per_model: int = 4
@@ -115,27 +135,38 @@ class Config:
     refine_steps: int = 10
     refine_lr: float = 3e-2
     finetune_lr: float = 1e-2
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """weightclip settings, in sections overridden on the command line as ``--train.steps 400``."""
+
+    zoo: ZooSection = ZooSection()
+    model: ModelSection = ModelSection()
+    train: TrainSection = TrainSection()
+    eval: EvalSection = EvalSection()
     seed: int = 0
     progress: bool = True
 
     def __post_init__(self):
-        if "weightclip" not in self.methods or "unaligned" not in self.methods or \
-                any(m not in _METHODS for m in self.methods):
-            raise ValueError(f"methods: expected a subset of {_METHODS} containing weightclip and unaligned, "
-                             f"got {self.methods}")
-        if not 0.0 < self.holdout_fraction < 0.5:
-            raise ValueError(f"holdout_fraction: expected in (0, 0.5), got {self.holdout_fraction}")
-        if self.num_models < 20:
-            raise ValueError(f"num_models: expected >= 20, got {self.num_models}")
-        if self.queries < 1 or self.pairs_per_model < 1 or self.prompt_size < 1:
-            raise ValueError(f"queries, pairs_per_model, prompt_size: expected >= 1, got {self.queries}, "
-                             f"{self.pairs_per_model}, {self.prompt_size}")
+        methods = self.train.methods
+        if "weightclip" not in methods or "unaligned" not in methods or any(m not in _METHODS for m in methods):
+            raise registry.ConfigError("train.methods", f"must be a subset of {_METHODS} containing weightclip and "
+                                                        f"unaligned; got {methods}")
+        if not 0.0 < self.zoo.holdout_fraction < 0.5:
+            raise registry.ConfigError("zoo.holdout_fraction", f"must be in (0, 0.5); got {self.zoo.holdout_fraction}")
+        if self.zoo.num_models < 20:
+            raise registry.ConfigError("zoo.num_models", f"must be >= 20; got {self.zoo.num_models}")
+        for name in ("queries", "pairs_per_model", "prompt_size"):
+            if getattr(self.eval, name) < 1:
+                raise registry.ConfigError(f"eval.{name}", f"must be >= 1; got {getattr(self.eval, name)}")
 
 
 def _zoo_config(c: Config) -> zoo_lib.ZooConfig:
-    return zoo_lib.ZooConfig(num_models=c.num_models, hidden=c.hidden, num_subset_classes=c.num_subset_classes,
-                             noise_levels=c.noise_levels, steps=c.zoo_steps, batch_size=c.zoo_batch_size,
-                             shared_init=True, pretrain_steps=c.pretrain_steps, seed=c.seed)
+    z = c.zoo
+    return zoo_lib.ZooConfig(num_models=z.num_models, hidden=z.hidden, num_subset_classes=z.num_subset_classes,
+                             noise_levels=z.noise_levels, steps=z.steps, batch_size=z.batch_size, shared_init=True,
+                             pretrain_steps=z.pretrain_steps, seed=c.seed)
 
 
 def _rotations(x: np.ndarray) -> np.ndarray:
@@ -161,25 +192,25 @@ class _Data:
         self.ds_id = self.ds_id.reshape(-1)
         rng = np.random.default_rng([c.seed, 31])
         uniq = rng.permutation(np.unique(self.ds_id))
-        self.held_ds = np.sort(uniq[:max(2, int(round(c.holdout_fraction * len(uniq))))])
+        self.held_ds = np.sort(uniq[:max(2, int(round(c.zoo.holdout_fraction * len(uniq))))])
         held = np.isin(self.ds_id, self.held_ds)
         self.tr, self.te = np.flatnonzero(~held), np.flatnonzero(held)
         # one representative model per held-out dataset (its data defines the dataset)
         self.rep = np.array([self.te[self.ds_id[self.te] == d][0] for d in self.held_ds])
         self.tok = wc.WeightTokenizer.fit([k[self.tr] for k in zoo.kernels], [b[self.tr] for b in zoo.biases],
-                                          symmetry=c.symmetry)
+                                          symmetry=c.zoo.symmetry)
         self.tokens = self.tok.encode(zoo.kernels, zoo.biases)
         self.pool = wc.DatasetPool(jnp.asarray(self.xr_tr), jnp.asarray(zoo.rotation), jnp.asarray(lab_tr),
                                    jnp.asarray(w_tr))
         # fixed draws: query sets of the held-out datasets, training pairs of the training models, prompts
         k1, k2, k3 = jax.random.split(jax.random.key(c.seed + 101), 3)
-        rep_q = np.repeat(self.rep, c.queries)
-        qx, qy = wc.sample_sets(self.pool, jnp.asarray(rep_q), k1, c.set_size)
+        rep_q = np.repeat(self.rep, c.eval.queries)
+        qx, qy = wc.sample_sets(self.pool, jnp.asarray(rep_q), k1, c.train.set_size)
         self.qx, self.qy = np.asarray(qx), np.asarray(qy)                      # [H*Q, S, 64]
-        tr_p = np.repeat(self.tr, c.pairs_per_model)
-        px, py = wc.sample_sets(self.pool, jnp.asarray(tr_p), k2, c.set_size)
+        tr_p = np.repeat(self.tr, c.eval.pairs_per_model)
+        px, py = wc.sample_sets(self.pool, jnp.asarray(tr_p), k2, c.train.set_size)
         self.px, self.py, self.pair_model = np.asarray(px), np.asarray(py), tr_p
-        n_prompt = min(c.prompt_size, int(w_tr[self.rep].sum(1).min()))
+        n_prompt = min(c.eval.prompt_size, int(w_tr[self.rep].sum(1).min()))
         bx, by = wc.sample_sets(self.pool, jnp.asarray(self.rep), k3, n_prompt)
         self.bx, self.by = jnp.asarray(bx), jnp.asarray(by)                    # prompts [H, P, 64]
         self.token_valid = (self.tok.mask.sum(-1) > 0).astype(np.float32)
@@ -214,12 +245,13 @@ def _prompt_loss(kernels, biases, bx, by):
 
 def _train(c: Config, data: _Data, method: str):
     t = data.tok
-    ae = wc.WeightAE(t.tokensize, t.positions, d_model=c.d_model, heads=c.heads, layers=c.layers,
-                     latent_dim=c.latent_dim, rngs=nnx.Rngs(c.seed + 1))
-    enc = wc.DatasetEncoder(data.xr_tr.shape[-1], 10, hidden=c.enc_hidden, latent_dim=c.latent_dim,
+    ae = wc.WeightAE(t.tokensize, t.positions, d_model=c.model.d_model, heads=c.model.heads, layers=c.model.layers,
+                     latent_dim=c.model.latent_dim, rngs=nnx.Rngs(c.seed + 1))
+    enc = wc.DatasetEncoder(data.xr_tr.shape[-1], 10, hidden=c.model.enc_hidden, latent_dim=c.model.latent_dim,
                             rngs=nnx.Rngs(c.seed + 2))
-    base = dict(steps=c.steps, batch_size=c.batch_size, set_size=c.set_size, lr=c.lr, temperature=c.temperature,
-                bias_init=c.bias_init, siglip_reduction=c.siglip_reduction)
+    tr = c.train
+    base = dict(steps=tr.steps, batch_size=tr.batch_size, set_size=tr.set_size, lr=tr.lr, temperature=tr.temperature,
+                bias_init=c.train.bias_init, siglip_reduction=c.train.siglip_reduction)
     sub = wc.DatasetPool(data.pool.x, data.pool.variant[data.tr], data.pool.labels[data.tr],
                          data.pool.weights[data.tr])
     args = (data.tokens[data.tr], t.mask, sub, data.ds_id[data.tr])
@@ -228,13 +260,13 @@ def _train(c: Config, data: _Data, method: str):
     if method == "unaligned":
         ae, _, _, h1 = wc.train_weightclip(ae, enc, *args, wc.TrainConfig(**base, align_weight=0.0), key=key,
                                            progress=c.progress)
-        ae, enc, _, h2 = wc.train_weightclip(ae, enc, *args, wc.TrainConfig(**base, align_weight=c.align_weight,
+        ae, enc, _, h2 = wc.train_weightclip(ae, enc, *args, wc.TrainConfig(**base, align_weight=c.train.align_weight,
                                                                           freeze_ae=True),
                                              key=jax.random.fold_in(key, 1), progress=c.progress)
         hist = {"recon": h1["recon"], "align": h2["align"]}
     else:
         obj = "siglip" if method == "weightclip" else "multi_positive"
-        ae, enc, _, hist = wc.train_weightclip(ae, enc, *args, wc.TrainConfig(**base, align_weight=c.align_weight,
+        ae, enc, _, hist = wc.train_weightclip(ae, enc, *args, wc.TrainConfig(**base, align_weight=c.train.align_weight,
                                                                             objective=obj),
                                                key=key, progress=c.progress)
     return ae, enc, hist
@@ -258,13 +290,13 @@ def _probe(feats: np.ndarray, data: _Data) -> dict:
 
 def _evaluate(c: Config, data: _Data, method: str) -> dict:
     ae, enc, hist = _train(c, data, method)
-    h, q = len(data.held_ds), c.queries
+    h, q = len(data.held_ds), c.eval.queries
     zall = wc.embed_models(ae, data.tokens)                                    # [M, T, D]
     # (1) retrieval among the held-out models
     dq = wc.embed_datasets(enc, data.qx, data.qy)                              # [H*Q, D]
     scores = wc.token_scores(zall[data.te], dq, data.token_valid)
     rel = np.repeat(data.held_ds, q)[:, None] == data.ds_id[data.te][None, :]
-    ks = [k for k in c.ks if k <= len(data.te)]
+    ks = [k for k in c.eval.ks if k <= len(data.te)]
     rec = wc.recall_at_k(scores, rel, ks).reshape(h, q, len(ks)).mean(1)     # [H, K]
     curve_k = np.arange(1, min(20, len(data.te)) + 1)
     curve = wc.recall_at_k(scores, rel, curve_k).mean(0)
@@ -288,7 +320,7 @@ def _evaluate(c: Config, data: _Data, method: str) -> dict:
            "align_curve": hist["align"][:: max(1, len(hist["align"]) // 100)]}
     if method == "weightclip":
         # NN-embed: nearest training dataset (mean pair embedding per training model) per query set
-        emb_tr = dp.reshape(len(data.tr), c.pairs_per_model, -1).mean(1)
+        emb_tr = dp.reshape(len(data.tr), c.eval.pairs_per_model, -1).mean(1)
         dist = ((dq[:, None, :] - emb_tr[None]) ** 2).sum(-1)                 # [H*Q, n_tr]
         nn = data.tr[dist.argmin(1)].reshape(h, q)
         kn = [jnp.asarray(k[nn]) for k in data.zoo.kernels]
@@ -302,8 +334,8 @@ def _evaluate(c: Config, data: _Data, method: str) -> dict:
 
         def both(z, x, y):
             loss = lambda ks_, bs_: wc.mlp_loss(ks_, bs_, x, y)
-            zb, lr_ = wc.refine_latent(decode, z, loss, steps=c.refine_steps, lr=c.refine_lr)
-            (kf, bf), lf = wc.finetune_weights(*decode(z), loss, steps=c.refine_steps, lr=c.finetune_lr)
+            zb, lr_ = wc.refine_latent(decode, z, loss, steps=c.eval.refine_steps, lr=c.eval.refine_lr)
+            (kf, bf), lf = wc.finetune_weights(*decode(z), loss, steps=c.eval.refine_steps, lr=c.eval.finetune_lr)
             kr, br = decode(zb)
             return kr, br, kf, bf, lr_, lf
 
@@ -342,20 +374,22 @@ def headline(metrics: Mapping[str, Any]) -> str:
 def run(c: Config, workdir: pathlib.Path) -> dict:
     workdir = epath.Path(workdir)
     data = _Data(c, workdir)
-    base = {k: v for k, v in dataclasses.asdict(c).items() if k not in ("progress", "methods")}
+    # the cache key: every setting but the progress bar and the method list (each method is cached by name)
+    base = dataclasses.asdict(c)
+    del base["progress"], base["train"]["methods"]
     res = {}
-    for m in tqdm.tqdm(c.methods, desc="methods", disable=not c.progress):
+    for m in tqdm.tqdm(c.train.methods, desc="methods", disable=not c.progress):
         res[m] = cached(workdir, {"cfg": base, "method": m, "v": _VERSION}, lambda: _evaluate(c, data, m))
     bl = cached(workdir, {"cfg": base, "baselines": True, "v": _VERSION}, lambda: _baselines(data))
     h = len(data.held_ds)
-    chance = 100.0 / c.num_subset_classes
+    chance = 100.0 / c.zoo.num_subset_classes
     flat: dict[str, Any] = {"zoo/num_models": data.zoo.num_models, "zoo/test_acc_mean": float(data.zoo.test_acc.mean()),
                             "datasets/total": int(data.ds_id.max() + 1), "datasets/held_out": h,
                             "models/train": len(data.tr), "models/held_out": len(data.te),
                             "tokens": int(data.tokens.shape[1]), "tokensize": int(data.tokens.shape[2]),
                             "gen/chance": chance}
     ks = res["weightclip"]["ks"]
-    for m in c.methods:
+    for m in c.train.methods:
         r = np.asarray(res[m]["recall"])
         for j, k in enumerate(ks):
             flat[f"recall@{k}/{m}"], flat[f"recall@{k}/{m}_se"] = (100 * v for v in _mean_se(r[:, j]))
@@ -402,11 +436,11 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
               "- (not in the paper at this form)", "> 0", d_n > 0, required=False,
               note=f"{flat['gen/weightclip']:.1f} vs {flat['gen/nn_zoo']:.1f} % (SE {se_n:.2f}); own zoo member "
                    f"{flat['gen/oracle']:.1f} %"),
-        Check(f"latent refinement - weight fine-tuning, {c.refine_steps} steps (test acc pts)", d_f,
+        Check(f"latent refinement - weight fine-tuning, {c.eval.refine_steps} steps (test acc pts)", d_f,
               "refinement beats fine-tuning at equal compute (no number)", "> 0", d_f > 0, required=False,
               note=f"{flat['gen/refined']:.1f} vs {flat['gen/finetuned']:.1f} % (SE {se_f:.2f})"),
     ]
-    if "weightclip_mp" in c.methods:
+    if "weightclip_mp" in c.train.methods:
         d_m, se_m = paired(r1("weightclip_mp"), r1("unaligned"))
         flat["recall@1/weightclip_mp_minus_unaligned"] = d_m
         checks.append(Check("recall@1, WeightCLIP multi-positive - unaligned (pts)", d_m, "- (alternative loss)",
@@ -417,21 +451,23 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                         note=f"raw weights {flat['probe/classes/weights']:.1f}"))
 
     plots = [_plot_recall(c, res, flat, workdir), _plot_gen(c, flat, workdir), _plot_train(c, res, workdir)]
-    context = (f"Zoo of {data.zoo.num_models} digits MLPs 64->{'->'.join(map(str, c.hidden))}->10 on "
+    context = (f"Zoo of {data.zoo.num_models} digits MLPs 64->{'->'.join(map(str, c.zoo.hidden))}->10 on "
                f"{flat['datasets/total']} datasets (5-class subset x rotation x label noise), {h} held out "
                f"({len(data.te)} models); {flat['tokens']} tokens of {flat['tokensize']}, transformer AE "
-               f"d={c.d_model}, {c.layers}+{c.layers} layers, latent {c.latent_dim}/token, {c.steps} steps, one seed; "
+               f"d={c.model.d_model}, {c.model.layers}+{c.model.layers} layers, latent {c.model.latent_dim}/token, "
+               f"{c.train.steps} steps, one seed; "
                "recall@k % " + ", ".join(f"{_LABELS[m]} " + "/".join(f"{flat[f'recall@{k}/{m}']:.1f}" for k in ks)
-                                        for m in c.methods) + f" at k={ks}; generated-model test acc % "
+                                        for m in c.train.methods) + f" at k={ks}; generated-model test acc % "
                + ", ".join(f"{_LABELS[m]} {flat[f'gen/{m}']:.1f}" for m in
-                           (*c.methods, "nn_embed", "nn_zoo", "refined", "finetuned", "oracle"))
+                           (*c.train.methods, "nn_embed", "nn_zoo", "refined", "finetuned", "oracle"))
                + f"; property probes (rotation/noise/classes %) " + ", ".join(
                    f"{m} {flat[f'probe/rotation/{m}']:.0f}/{flat[f'probe/noise/{m}']:.0f}/"
-                   f"{flat[f'probe/classes/{m}']:.0f}" for m in (*c.methods, "weights")))
+                   f"{flat[f'probe/classes/{m}']:.0f}" for m in (*c.train.methods, "weights")))
     failed = [ch for ch in checks if ch.required and not ch.passed]
     only_gen = bool(failed) and all(ch is checks[2] for ch in failed)
     cause_class = ("spec" if only_gen else "scale") if failed else None
-    setting = (f"a {data.zoo.num_models}-member zoo of tiny MLPs fine-tuned from one init, {c.steps} training steps, "
+    setting = (f"a {data.zoo.num_models}-member zoo of tiny MLPs fine-tuned from one init, {c.train.steps} training "
+               f"steps, "
                "one seed (the paper: ~500 CNN/ResNet checkpoints per dataset, 20 datasets, 600 epochs)")
     if only_gen:
         cause = (f"retrieval and above-chance generation reproduce, but generated models from the unaligned AE are as "
@@ -451,7 +487,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
 # ------------------------------------------------------------------------------------------------- plots
 def _plot_recall(c, res, flat, workdir):
     fig, ax = plotting.subplots(figsize=(4.6, 3.4))
-    for m in c.methods:
+    for m in c.train.methods:
         ax.plot(res[m]["curve_k"], [100 * v for v in res[m]["curve"]], marker="o", ms=3, color=_COLORS[m],
                 label=_LABELS[m])
     kk = np.asarray(res["weightclip"]["curve_k"])
@@ -462,7 +498,7 @@ def _plot_recall(c, res, flat, workdir):
 
 
 def _plot_gen(c, flat, workdir):
-    names = [*c.methods, "nn_embed", "nn_zoo", "refined", "finetuned", "oracle"]
+    names = [*c.train.methods, "nn_embed", "nn_zoo", "refined", "finetuned", "oracle"]
     fig, ax = plotting.subplots(figsize=(6.0, 3.4))
     xs = np.arange(len(names))
     ax.bar(xs, [flat[f"gen/{n}"] for n in names], yerr=[flat[f"gen/{n}_se"] for n in names],
@@ -477,9 +513,9 @@ def _plot_gen(c, flat, workdir):
 
 def _plot_train(c, res, workdir):
     fig, axes = plotting.subplots(1, 2, figsize=(7.6, 3.0))
-    for m in c.methods:
+    for m in c.train.methods:
         a = res[m]["align_curve"]
-        axes[0].plot(np.linspace(0, c.steps, len(a)), a, color=_COLORS[m], label=_LABELS[m])
+        axes[0].plot(np.linspace(0, c.train.steps, len(a)), a, color=_COLORS[m], label=_LABELS[m])
     axes[0].set(xlabel="step", ylabel="alignment loss", title="training")
     plotting.legend(axes[0], fontsize=7)
     w = res["weightclip"]
@@ -494,13 +530,18 @@ EXPERIMENT = registry.Experiment(
     slug="weightclip",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(num_models=40, hidden=(8, 8), zoo_steps=20, pretrain_steps=30, d_model=16, heads=2,
-                                layers=1, latent_dim=4, enc_hidden=16, steps=20, batch_size=16, set_size=8,
-                                queries=2, pairs_per_model=1, prompt_size=20, refine_steps=2, holdout_fraction=0.25,
-                                methods=("weightclip", "unaligned"), progress=False),
+        "smoke": lambda: Config(zoo=ZooSection(num_models=40, hidden=(8, 8), steps=20, pretrain_steps=30,
+                                               holdout_fraction=0.25),
+                                model=ModelSection(d_model=16, heads=2, layers=1, latent_dim=4, enc_hidden=16),
+                                train=TrainSection(methods=("weightclip", "unaligned"), steps=20, batch_size=16,
+                                                   set_size=8),
+                                eval=EvalSection(queries=2, pairs_per_model=1, prompt_size=20, refine_steps=2),
+                                progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(num_models=4000, d_model=256, heads=8, layers=4, latent_dim=32, enc_hidden=256,
-                                steps=20000, batch_size=240, queries=20, refine_steps=20),
+        "paper": lambda: Config(zoo=ZooSection(num_models=4000),
+                                model=ModelSection(d_model=256, heads=8, layers=4, latent_dim=32, enc_hidden=256),
+                                train=TrainSection(steps=20000, batch_size=240),
+                                eval=EvalSection(queries=20, refine_steps=20)),
     },
     run=run,
 )

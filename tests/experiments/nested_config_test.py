@@ -1,7 +1,7 @@
-"""Nested config sections of spf, benchmark_game and anytime_cmf (issue 25, item 6) on the command line: a
-nested override (`--train.num-episodes 2`) changes that one field and keeps every other preset value, `run <slug>
---help` lists the nested flags, and a bad nested value fails with exit code 2 naming its flag. No experiment runs
-here (`report.run_experiment` is replaced by a recorder)."""
+"""Nested config sections (issue 25, item 6) of spf, benchmark_game, anytime_cmf, weightclip, scm_grpo and
+differential_smoothing on the command line: a nested override (`--train.num-episodes 2`) changes that one field and
+keeps every other preset value, `run <slug> --help` lists the nested flags, and a bad nested value fails with exit
+code 2 naming its flag. No experiment runs here (`report.run_experiment` is replaced by a recorder)."""
 
 import dataclasses
 import pathlib
@@ -16,6 +16,9 @@ OVERRIDES = {
     "spf": ("--train.num-episodes", "2", "train", "num_episodes", 2, "--runtime.widths"),
     "benchmark_game": ("--search.grid-points", "21", "search", "grid_points", 21, "--fig1.fit-iters"),
     "anytime_cmf": ("--power.signals", "0.1 0.2", "power", "signals", (0.1, 0.2), "--oracle.burn-in"),
+    "weightclip": ("--train.steps", "40", "train", "steps", 40, "--zoo.num-models"),
+    "scm_grpo": ("--reward.w-struct", "0.25", "reward", "w_struct", 0.25, "--sft.clean-fraction"),
+    "differential_smoothing": ("--rl.entropy-coefs", "0.05", "rl", "entropy_coefs", (0.05,), "--countdown.max-target"),
 }
 
 
@@ -60,6 +63,10 @@ def test_help_lists_the_nested_fields(slug, capsys):
     ("benchmark_game", "--game.thetas", "1.0", "--game.thetas must name at least two providers; got (1.0,)"),
     ("anytime_cmf", "--null.noises", "cauchy", "--null.noises must be drawn from ('gaussian', 't3', 'exp', "
      "'rademacher'); got ['cauchy']"),
+    ("weightclip", "--zoo.holdout-fraction", "0.7", "--zoo.holdout-fraction must be in (0, 0.5); got 0.7"),
+    ("weightclip", "--eval.queries", "0", "--eval.queries must be >= 1; got 0"),
+    ("differential_smoothing", "--rl.seeds", "0", "--rl.seeds must be >= 1; got 0"),
+    ("scm_grpo", "--rl.group-size", "1", "--rl.group-size must be >= 2 (GRPO normalises within a group); got 1"),
 ])
 def test_a_bad_nested_value_names_its_flag(slug, flag, value, message, tmp_path, capsys):
     assert cli.main(["run", slug, "--preset", "smoke", "--results-dir", str(tmp_path), flag, value]) == 2
