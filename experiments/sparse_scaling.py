@@ -448,12 +448,18 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         "Delayed saturation is judged on the direct measurement. Caveat: epoch counts are read off one constant-LR "
         "run per (width, density) at epoch boundaries, not separate cosine-schedule runs per epoch count")
     if judgeable:
-        verdict, reproduced = checks_lib.verdict(checks, claim=claim, context=context)
+        cause = (f"the saturation check rests on {len(agree)} (width, density) pairs at the widths where dense "
+                 f"overfits ({saturating}), one run each, {sum(agree)} agreeing: one pair decides it at this grid "
+                 f"size, with no seed repeats to separate the effect from run noise" if pairs else
+                 "no dense run overfits within the epoch budget, so the saturation claim is not measured")
+        verdict, reproduced = checks_lib.verdict(checks, claim=claim, context=context, cause=cause,
+                                                 cause_class="scale")
     else:  # too few widths or epochs to judge (smoke): the checks are reported, nothing decides
         verdict = (f"Not judged (grid too small, smoke): {claim}. " + "; ".join(ch.line() for ch in checks)
                    + f". {context}.")
         reproduced = None
-    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots}
+    return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots,
+            "cause": "scale" if reproduced is False else None}
 
 
 # ----------------------------------------------------------------------------------------------
