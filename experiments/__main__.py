@@ -15,9 +15,10 @@ experiment's config dataclass, starting from the chosen preset
 (`--help` after the slug lists the fields). A run with overrides gets its own
 run directory, results/<slug>/<preset>-<hash of the config>/, so it never
 resumes another run's checkpoint. Only the quick preset (what `make reproduce`
-runs) updates the tracked results/REPORT.md; other presets write
-<results-dir>/REPORT-<preset>.md, and runs with overrides or --workdir write
-only their own summary.md. Every result carries the JAX device count
+runs) updates the tracked results/REPORT.md; smoke and paper write
+<results-dir>/REPORT-<preset>.md, and study presets (an experiment's own extra
+presets that settle one question, e.g. nmars's diff_study) and runs with
+overrides or --workdir write only their own summary.md. Every result carries the JAX device count
 (`make reproduce` simulates 8 CPU devices, a plain run has 1).
 
 `--jobs N` runs up to N experiments at once, each in its own process (most
@@ -170,6 +171,7 @@ def _run_help(p_run: argparse.ArgumentParser, args) -> int:
     import tyro
 
     exp = registry.get(slugs[0])
+    print(f"\nPresets of {slugs[0]!r}: {', '.join(exp.presets)}")
     print(f"\nConfig fields of {slugs[0]!r}, with the {args.preset!r} preset's values as defaults:\n", flush=True)
     try:
         tyro.cli(exp.config_cls, args=["--help"], default=exp.config(args.preset),
@@ -204,8 +206,9 @@ def cmd_run(args, overrides: list[str]) -> int:
         print(f"    {_mark(result)}: {result['verdict']}  ({result['wall_s']} s on {result.get('devices', '?')} "
               f"device(s))", flush=True)
         summaries.append(f"{workdir}/summary.md")
-    if overrides or args.workdir is not None or args.no_report:
-        # A run with overrides or its own workdir is not a preset's result: it keeps its own summary.md only.
+    if overrides or args.workdir is not None or args.no_report or args.preset not in registry.PRESETS:
+        # A run with overrides or its own workdir is not a preset's result, and a study preset is one
+        # experiment's own question: each keeps its own summary.md only.
         print(f"summary: {', '.join(summaries)}")
         return 0
     path = report.write_report(args.results_dir, preset=args.preset)
@@ -262,10 +265,11 @@ def _run_parallel(args, slugs: list[str]) -> int:
     elapsed = time.perf_counter() - start
     print(f"{len(order) - len(failed)} of {len(order)} runs finished in {elapsed / 60:.1f} min "
           f"with --jobs {args.jobs}", flush=True)
-    path = report.write_report(args.results_dir, preset=args.preset,
-                               elapsed={"seconds": round(elapsed, 1), "jobs": args.jobs, "runs": len(order)}
-                               if not failed else None)
-    print(f"report: {path}")
+    if args.preset in registry.PRESETS:
+        path = report.write_report(args.results_dir, preset=args.preset,
+                                   elapsed={"seconds": round(elapsed, 1), "jobs": args.jobs, "runs": len(order)}
+                                   if not failed else None)
+        print(f"report: {path}")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
@@ -296,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("-h", "--help", action="store_true",
                        help="show this help and, after a slug, the experiment's config fields")
     p_run.add_argument("slug", nargs="?", help="an experiment slug, a comma list of slugs, or 'all'")
-    p_run.add_argument("--preset", default="quick", choices=registry.PRESETS)
+    p_run.add_argument("--preset", default="quick",
+                       help="smoke, quick (default) or paper, or a study preset of the experiment (`run <slug> "
+                            "--help` lists its presets; a study writes its run directory but no REPORT file)")
     p_run.add_argument("--results-dir", default="results",
                        help="where runs and reports go (default results; the quick preset updates "
                             "<results-dir>/REPORT.md, other presets <results-dir>/REPORT-<preset>.md)")

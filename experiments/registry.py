@@ -46,7 +46,9 @@ class Experiment:
       config_cls: the frozen dataclass type of its config.
       presets: preset name -> zero-argument function returning a config.
         Must define "smoke" (seconds; run by the tests), "quick" (CPU minutes;
-        run by `make reproduce`) and "paper" (the paper's scale).
+        run by `make reproduce`) and "paper" (the paper's scale); may define
+        study presets that settle one question (run by name, e.g.
+        ``run nmars --preset diff_study``; results in <slug>/<preset>/, no REPORT).
       run: `run(config, workdir: pathlib.Path) -> dict` (see module docstring).
       claim: the claim checked, for experiments outside the catalog (papers
         take theirs from the catalog).

@@ -9,16 +9,41 @@ Public functions:
   * vocabulary: `add_undo_token` (one more embedding row, "semantic" / "random" / "zero" init; the
     <UNDO> id is the old vocabulary size V), `extend_config` (`vocab_size=V + 1`);
   * rendering: `render` (numpy), `render_batch` (jittable);
-  * data and loss: `augment_batch` (z = y*_{<t} + deviation of k tokens + <UNDO>^k + y*_{>=t}, with its
-    `loss_mask`), `msft_loss` (no loss on deviation tokens; `mask_deviations=False` is the control arm);
+  * data and loss: `augment_batch` (the spec's inferred simple variant: z = y*_{<t} + deviation of k
+    tokens + <UNDO>^k + y*_{>=t}, with its `loss_mask`), `diff_augment` / `diff_augment_batch` (the
+    paper's sequence-alignment augmentation of the model's own sampled outputs, below), `msft_loss`
+    (no loss on deviation tokens; `mask_deviations=False` is the control arm);
   * GRPO reward: `undo_stats`, `undo_reward`, `make_reward_fn` (a `reward_fn` for
     `algorithms.rl.grpo.train`);
   * decoding and metrics: `NoUndoSampler` (drops the <UNDO> logit column, so it draws the original
     model's tokens for the same key), `undo_metrics` (exact match, <UNDO> rate and precision, overhead).
 
-Our inference, not the paper's: the reward terms (the paper's R_inc, R_pen, kappa are not public; every
-weight is an argument). Not implemented: Myers-diff alignment of free-running outputs, several
-deviations per sequence, the "truncate the context" reading of <UNDO>.
+What the paper says (read in the authors' paper sources, Section 3.1 "Sequence Alignment Augmentation",
+Eq. 2-5, Section 3.2 Eq. 6 "mSFT", Appendix "Additional Sequence Augmentations"; their released
+`sequence_alignment.py` was read for the same step, not copied):
+  * a completion y_hat ~ p_theta(. | x) is drawn from the policy model itself (Eq. 2; the released
+    script draws it greedily from the model before fine-tuning);
+  * the maximal, non-overlapping, order-preserving matching blocks M(y, y_hat) = {(a_i, b_i, l_i)} are
+    computed (Eq. 3; Myers diff, the released code uses `difflib.SequenceMatcher(autojunk=False)`);
+  * error indices are the positions of y_hat not covered by a block (Eq. 4);
+  * y* walks y_hat: each matched block p_i is kept, each error span e_i (the y_hat tokens between
+    blocks i and i+1) is followed by k_i = |e_i| <UNDO>s and by the corrections c_i = the reference
+    tokens between the same blocks (Eq. 5), so every divergence region, not only the first, is
+    repaired, and stack rendering of y* gives y;
+  * mSFT: M_t = 0 exactly on error-span tokens, 1 on matched, <UNDO> and correction tokens (Eq. 6);
+  * a correct sample has no error span (y* = y); every training example is augmented this way (the
+    released script builds D_aug from every training row).
+`diff_augment` implements this (`spans="all"`); `spans="first"` keeps the sample up to and including its
+first error span, erases it and continues with the reference (a single-repair variant, ours).
+Choices of ours where the paper says nothing: a region whose error span is empty (the sample skipped
+reference tokens) gets its corrections without <UNDO> (Eq. 5 with k_i = 0; the released code drops
+those corrections, which breaks render(y*) = y, so we follow the equation); the sample is cut at its
+first EOS and the trace ends with EOS; `alignment="prefix"` (longest common prefix, one span) is a
+control of ours, not the paper's.
+
+Our inference, not the paper's: the reward terms (the paper's R_inc in {-1, 1} and R_pen with the
+<UNDO> budget kappa are written in its Section 3.3; `undo_reward` keeps the spec's inferred form, every
+weight an argument). Not implemented: the "truncate the context" reading of <UNDO>.
 
 Dimension legend: `b` sequences, `T` tokens of a full sequence, `N` generated (completion) tokens,
 `L` reference answer tokens, `v` vocabulary, `D` model width.
@@ -54,6 +79,11 @@ __all__ = [
     "extend_config",
     "NoUndoSampler",
     "augment_batch",
+    "ALIGNMENTS",
+    "SPANS",
+    "DiffTrace",
+    "diff_augment",
+    "diff_augment_batch",
     "msft_loss",
     "UndoStats",
     "undo_stats",
@@ -371,6 +401,193 @@ def augment_batch(logits_fn: Callable[[np.ndarray], np.ndarray], tokens: np.ndar
     return {"tokens": out, "inputs": out[:, :-1].copy(), "targets": out[:, 1:].copy(), "loss_mask": loss_mask,
             "prompt_lengths": prompt_lengths.astype(np.int32), "deviation_mask": dev_mask,
             "num_undo": kk.astype(np.int32), "deviation_start": starts.astype(np.int32), "lengths": lengths}
+
+
+ALIGNMENTS = ("diff", "prefix")
+SPANS = ("all", "first")
+# Kinds of the tokens of a `diff_augment` trace.
+MATCHED, ERROR, UNDO, CORRECTION = 0, 1, 2, 3
+
+
+class DiffTrace(NamedTuple):
+    """An error-correction trace y* built from a model sample and its reference (`diff_augment`).
+
+    Attributes:
+      tokens: y* (ids, <UNDO> included, no EOS).
+      loss_mask: M_t per token of y*: 0 on error-span tokens, 1 elsewhere (paper Eq. 6).
+      kinds: per token, MATCHED (a sample token inside a matching block), ERROR (a sample token
+        outside every block, Eq. 4), UNDO, or CORRECTION (a reference token, Eq. 5).
+      error_positions: indices in y* of the ERROR tokens (where `loss_mask` is 0).
+      undo_positions: indices in y* of the <UNDO> tokens.
+    """
+
+    tokens: list
+    loss_mask: list
+    kinds: list
+    error_positions: list
+    undo_positions: list
+
+
+def _matching_blocks(reference: list[int], sample: list[int], alignment: str) -> list[tuple[int, int, int]]:
+    """(a, b, l) with reference[a:a+l] == sample[b:b+l], in order, ending with (len(ref), len(sample), 0)."""
+    if alignment == "diff":
+        import difflib
+
+        sm = difflib.SequenceMatcher(None, reference, sample, autojunk=False)
+        return [(m.a, m.b, m.size) for m in sm.get_matching_blocks()]
+    j = 0
+    while j < min(len(reference), len(sample)) and reference[j] == sample[j]:
+        j += 1
+    return [(0, 0, j), (len(reference), len(sample), 0)]
+
+
+def diff_augment(sample: Sequence[int], reference: Sequence[int], *, undo_id: int, spans: str = "all",
+                 alignment: str = "diff") -> DiffTrace:
+    """The paper's sequence-alignment augmentation of one model sample (Section 3.1, Eq. 3-5).
+
+    The sample y_hat is aligned to the reference y by its maximal matching blocks (`difflib`, as the
+    authors' code does). Walking y_hat: a matched block is copied; the error span between two blocks
+    (the y_hat tokens no block covers) is copied, followed by one <UNDO> per error token and by the
+    reference tokens between the same two blocks (the correction). With `spans="first"`, after the
+    first non-empty error span and its <UNDO>s the trace continues with the rest of the reference
+    (one repair). In both cases `render(tokens) == reference`, and `loss_mask` is 0 exactly on the
+    error tokens (mSFT: errors are context, never targets).
+
+    Args:
+      sample: [m] the model's completion (ids, cut before EOS, no <UNDO>).
+      reference: [n] the reference completion (ids, no EOS, no <UNDO>).
+      undo_id: the <UNDO> id.
+      spans: "all" (paper Eq. 5: every divergence region is repaired) or "first".
+      alignment: "diff" (maximal matching blocks, paper Eq. 3) or "prefix" (a control of ours: one
+        block, the longest common prefix; everything after it in the sample is one error span).
+
+    Returns:
+      A `DiffTrace`. A correct sample gives tokens == reference and no <UNDO>.
+
+    Examples:
+      >>> t = diff_augment([1, 2, 7, 4], [1, 2, 3, 4], undo_id=9)
+      >>> t.tokens, t.loss_mask
+      ([1, 2, 7, 9, 3, 4], [1, 1, 0, 1, 1, 1])
+      >>> diff_augment([1, 7, 3, 8], [1, 2, 3, 4], undo_id=9, spans="first").tokens
+      [1, 7, 9, 2, 3, 4]
+    """
+    if spans not in SPANS:
+        raise ValueError(f"spans: expected one of {SPANS}, got {spans!r}")
+    if alignment not in ALIGNMENTS:
+        raise ValueError(f"alignment: expected one of {ALIGNMENTS}, got {alignment!r}")
+    s = [int(t) for t in np.asarray(sample).reshape(-1)]
+    y = [int(t) for t in np.asarray(reference).reshape(-1)]
+    if undo_id in s:
+        raise ValueError(f"sample: expected no <UNDO> (id {undo_id}); render it first, got {s}")
+    if undo_id in y:
+        raise ValueError(f"reference: expected no <UNDO> (id {undo_id}), got {y}")
+    tokens: list[int] = []
+    kinds: list[int] = []
+
+    def put(ids, kind):
+        tokens.extend(ids)
+        kinds.extend([kind] * len(ids))
+
+    ra = sb = 0  # cursors in the reference and in the sample
+    for a, b, size in _matching_blocks(y, s, alignment):
+        err, corr = s[sb:b], y[ra:a]
+        put(err, ERROR)
+        put([undo_id] * len(err), UNDO)
+        put(corr, CORRECTION)
+        if err and spans == "first":
+            put(y[a:], CORRECTION)
+            break
+        put(s[b:b + size], MATCHED)
+        ra, sb = a + size, b + size
+    mask = [0 if k == ERROR else 1 for k in kinds]
+    return DiffTrace(tokens, mask, kinds, [i for i, k in enumerate(kinds) if k == ERROR],
+                     [i for i, k in enumerate(kinds) if k == UNDO])
+
+
+def diff_augment_batch(tokens: np.ndarray, prompt_lengths: np.ndarray, completion_lengths: np.ndarray,
+                       samples: np.ndarray, sample_lengths: np.ndarray, *, undo_id: int, eos_id: int,
+                       augment: np.ndarray | None = None, spans: str = "all", alignment: str = "diff",
+                       mask_errors: bool = True, pad_id: int = 0, seq_len: int | None = None) -> dict[str, np.ndarray]:
+    """`diff_augment` over a batch of clean rows and the model's samples for the same prompts.
+
+    Row i becomes `tokens[i, :p] + diff_augment(sample_i, reference_i).tokens + [EOS]`, where the
+    reference is the clean completion without its EOS and the sample is cut at its first EOS.
+
+    Args:
+      tokens: [b, T] clean `[BOS] + prompt + completion + [EOS]` rows (right-padded).
+      prompt_lengths: [b] index of the first completion token.
+      completion_lengths: [b] completion tokens, EOS included (the last one must be `eos_id`).
+      samples: [b, N] the model's raw completions for the same prompts (no <UNDO>).
+      sample_lengths: [b] valid tokens per sample (an EOS, if any, included).
+      undo_id, eos_id: special ids.
+      augment: [b] bool, rows to augment (default all); the other rows stay clean.
+      spans, alignment: see `diff_augment`.
+      mask_errors: mSFT (True): loss weight 0 on error targets; False: plain SFT on the traces.
+      pad_id: padding id.
+      seq_len: output width T' (default: the longest row); a row longer than it raises.
+
+    Returns:
+      The layout of `augment_batch`: `tokens` [b, T'], `inputs` / `targets` / `loss_mask` /
+      `deviation_mask` (1 where the target is an error token) [b, T'-1], `prompt_lengths`,
+      `num_undo`, `deviation_start` (index in `tokens` of the first error token, -1 if none) and
+      `lengths` [b].
+    """
+    tokens, samples = np.asarray(tokens), np.asarray(samples)
+    prompt_lengths, completion_lengths = np.asarray(prompt_lengths), np.asarray(completion_lengths)
+    sample_lengths = np.asarray(sample_lengths)
+    if tokens.ndim != 2 or samples.ndim != 2 or samples.shape[0] != tokens.shape[0]:
+        raise ValueError(f"tokens, samples: expected [b, T] and [b, N], got {tokens.shape} and {samples.shape}")
+    b, t = tokens.shape
+    for name, arr in (("prompt_lengths", prompt_lengths), ("completion_lengths", completion_lengths),
+                      ("sample_lengths", sample_lengths)):
+        if arr.shape != (b,):
+            raise ValueError(f"{name}: expected shape ({b},), got {arr.shape}")
+    if (prompt_lengths < 1).any() or (completion_lengths < 1).any() or (prompt_lengths + completion_lengths > t).any():
+        raise ValueError("prompt_lengths, completion_lengths: expected >= 1 each and prompt + completion <= T")
+    if (sample_lengths < 0).any() or (sample_lengths > samples.shape[1]).any():
+        raise ValueError(f"sample_lengths: expected values in [0, N={samples.shape[1]}], got {sample_lengths}")
+    augment = np.ones(b, bool) if augment is None else np.asarray(augment, bool)
+    if augment.shape != (b,):
+        raise ValueError(f"augment: expected shape ({b},), got {augment.shape}")
+    rows, masks, devs, n_undo, starts = [], [], [], np.zeros(b, np.int32), np.full(b, -1, np.int32)
+    for i in range(b):
+        p, c = int(prompt_lengths[i]), int(completion_lengths[i])
+        if tokens[i, p + c - 1] != eos_id:
+            raise ValueError(f"tokens: row {i} expected EOS ({eos_id}) at index {p + c - 1}, "
+                             f"got {tokens[i, p + c - 1]}")
+        ref = tokens[i, p:p + c - 1]
+        if augment[i]:
+            smp = samples[i, : int(sample_lengths[i])].tolist()
+            smp = smp[: smp.index(eos_id)] if eos_id in smp else smp
+            tr = diff_augment(smp, ref, undo_id=undo_id, spans=spans, alignment=alignment)
+            comp, m = tr.tokens, tr.loss_mask
+            n_undo[i] = len(tr.undo_positions)
+            if tr.error_positions:
+                starts[i] = p + tr.error_positions[0]
+        else:
+            comp, m = ref.tolist(), [1] * len(ref)
+        rows.append(tokens[i, :p].tolist() + comp + [eos_id])
+        masks.append(m + [1])
+        devs.append([1 - x for x in m] + [0])
+    width = max(len(r) for r in rows) if seq_len is None else int(seq_len)
+    too_long = [i for i, r in enumerate(rows) if len(r) > width]
+    if too_long:
+        need = max(len(rows[i]) for i in too_long)
+        raise ValueError(f"seq_len: expected at least {need} (row {too_long[0]}), got {width}")
+    out = np.full((b, width), pad_id, np.int32)
+    loss_mask = np.zeros((b, width - 1), np.float32)
+    dev_mask = np.zeros((b, width - 1), np.float32)
+    lengths = np.zeros(b, np.int32)
+    for i, (r, m, d) in enumerate(zip(rows, masks, devs)):
+        p = int(prompt_lengths[i])
+        out[i, : len(r)] = r
+        lengths[i] = len(r)
+        # targets[j] = tokens[j + 1]: completion token k is the target at j = p - 1 + k.
+        loss_mask[i, p - 1:p - 1 + len(m)] = m if mask_errors else 1.0
+        dev_mask[i, p - 1:p - 1 + len(d)] = d
+    return {"tokens": out, "inputs": out[:, :-1].copy(), "targets": out[:, 1:].copy(), "loss_mask": loss_mask,
+            "prompt_lengths": prompt_lengths.astype(np.int32), "deviation_mask": dev_mask,
+            "num_undo": n_undo, "deviation_start": starts, "lengths": lengths}
 
 
 def msft_loss(logits: jax.Array, targets: jax.Array, loss_mask: jax.Array) -> jax.Array:

@@ -181,8 +181,28 @@ def test_an_experiments_own_check_names_the_flag_too(tmp_path, capsys):
 def test_every_preset_passes_the_shared_checks():
     for slug in registry.implemented_slugs():
         exp = registry.get(slug)
-        for preset in registry.PRESETS:
+        for preset in exp.presets:  # the three standard presets and any study preset
             registry.check_config(exp.config(preset))
+
+
+def test_a_study_preset_runs_by_name_without_a_report_and_an_unknown_preset_names_the_choices(
+        tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def fake_run(slug, preset, *, config, **kw):
+        seen.update(slug=slug, preset=preset, config=config)
+        return {"reproduced": False, "verdict": "v", "wall_s": 0.0}
+
+    monkeypatch.setattr(report, "run_experiment", fake_run)
+    assert cli.main(["run", "nmars", "--preset", "diff_study", "--results-dir", str(tmp_path)]) == 0
+    assert seen["preset"] == "diff_study" and seen["config"] == registry.get("nmars").config("diff_study")
+    assert not list(tmp_path.glob("REPORT*"))  # a study writes its run directory only
+    assert cli.main(["run", SLUG, "--preset", "diff_study", "--results-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"unknown preset 'diff_study' for {SLUG!r}; choose from ['paper', 'quick', 'smoke']" in err, err
+    assert cli.main(["run", "nmars", "--help"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Presets of 'nmars': "))
+    assert {"smoke", "quick", "paper", "diff_study"} == set(line.split(": ", 1)[1].split(", "))
 
 
 def test_check_config_names_nested_fields_and_the_cli_spells_them_as_flags():

@@ -108,9 +108,8 @@ def test_unknown_slug_and_planned_slug_errors_name_them(monkeypatch):
 def test_cli_errors_name_the_slug_preset_and_field(capsys):
     assert cli.main(["run", "no_such_paper"]) == 2
     assert "no_such_paper" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        cli.main(["run", "lm_arithmetic", "--preset", "huge"])
-    assert "huge" in capsys.readouterr().err
+    assert cli.main(["run", "lm_arithmetic", "--preset", "huge"]) == 2  # presets are per experiment now
+    assert "unknown preset 'huge' for 'lm_arithmetic'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["run", "lm_arithmetic", "--preset", "smoke", "--no-such-field", "3"])
     captured = capsys.readouterr()

@@ -334,3 +334,150 @@ def test_undo_metrics_hand_case():
     none = nmars.undo_metrics(comps[:1], np.array([4]), [REF], undo_id=None, eos_id=EOS)
     assert none["overhead"] == 1.0 and np.isnan(none["precision"])
 
+
+
+# --- the paper's diff-alignment augmentation (Section 3.1, Eq. 3-5) ---
+
+
+def _backspace(z, undo_id):
+    """Independent reference: apply each UNDO as a backspace; returns (output, positions it erased)."""
+    stack, erased = [], set()
+    for i, tok in enumerate(z):
+        if tok == undo_id:
+            if stack:
+                erased.add(stack.pop()[0])
+        else:
+            stack.append((i, tok))
+    return [t for _, t in stack], erased
+
+
+def _is_subsequence(small, big):
+    it = iter(big)
+    return all(any(x == y for y in it) for x in small)
+
+
+def test_diff_augment_hand_cases():
+    f = lambda s, y, **kw: nmars.diff_augment(s, y, undo_id=U, **kw)
+    assert f([1, 2, 3], [1, 2, 3]).tokens == [1, 2, 3]  # a correct sample is the reference, no UNDO
+    assert f([1, 2, 3], [1, 2, 3]).loss_mask == [1, 1, 1]
+    t = f([1, 7, 3, 4], [1, 2, 3, 4])  # substitution: error, UNDO, correction, then the sample again
+    assert (t.tokens, t.loss_mask, t.error_positions, t.undo_positions) == (
+        [1, 7, U, 2, 3, 4], [1, 0, 1, 1, 1, 1], [1], [2])
+    t = f([1, 7, 8, 4, 6, 0], [1, 2, 4, 5, 0])  # two regions, both repaired (Eq. 5)
+    assert t.tokens == [1, 7, 8, U, U, 2, 4, 6, U, 5, 0]
+    assert t.kinds == [nmars.MATCHED, nmars.ERROR, nmars.ERROR, nmars.UNDO, nmars.UNDO, nmars.CORRECTION,
+                       nmars.MATCHED, nmars.ERROR, nmars.UNDO, nmars.CORRECTION, nmars.MATCHED]
+    t = f([1, 7, 8, 4, 6, 0], [1, 2, 4, 5, 0], spans="first")  # one repair, then the reference
+    assert t.tokens == [1, 7, 8, U, U, 2, 4, 5, 0] and t.loss_mask == [1, 0, 0, 1, 1, 1, 1, 1, 1]
+    assert f([1, 3, 4], [1, 2, 3, 4]).tokens == [1, 2, 3, 4]  # a skipped token: correction, no UNDO (k = 0)
+    assert f([1, 2, 3, 3, 4], [1, 2, 3, 4]).tokens == [1, 2, 3, 3, U, 4]  # an extra token: erased, no correction
+    assert f([1, 2], [1, 2, 3]).tokens == [1, 2, 3]  # stopped early
+    assert f([1, 2, 3, 5, 5], [1, 2, 3]).tokens == [1, 2, 3, 5, 5, U, U]  # ran on
+    assert f([], [4, 5]).tokens == [4, 5] and f([4, 5], []).tokens == [4, 5, U, U]
+    # "prefix" alignment: everything after the first mismatch is one error span
+    t = f([1, 7, 3, 4], [1, 2, 3, 4], alignment="prefix")
+    assert t.tokens == [1, 7, 3, 4, U, U, U, 2, 3, 4] and t.loss_mask == [1, 0, 0, 0, 1, 1, 1, 1, 1, 1]
+    assert f([1, 3, 4], [1, 2, 3, 4], alignment="prefix").tokens == [1, 3, 4, U, U, 2, 3, 4]
+
+
+def test_diff_augment_against_backspace_brute_force():
+    rng = np.random.default_rng(0)
+    for trial in range(400):
+        y = rng.integers(0, 6, rng.integers(0, 9)).tolist()
+        s = list(y)
+        for _ in range(int(rng.integers(0, 4))):  # random edits: substitute, delete, insert
+            op, j = int(rng.integers(3)), int(rng.integers(len(s) + 1))
+            if op == 0 and j < len(s):
+                s[j] = int(rng.integers(0, 6))
+            elif op == 1 and j < len(s):
+                del s[j]
+            else:
+                s.insert(j, int(rng.integers(0, 6)))
+        for spans in nmars.SPANS:
+            for alignment in nmars.ALIGNMENTS:
+                t = nmars.diff_augment(s, y, undo_id=U, spans=spans, alignment=alignment)
+                out, erased = _backspace(t.tokens, U)
+                assert out == y, (s, y, spans, alignment)  # UNDOs as backspaces always give the reference
+                zero = {i for i, m in enumerate(t.loss_mask) if m == 0}
+                assert erased == zero == set(t.error_positions)  # the mask drops exactly the erased tokens
+                assert len(t.undo_positions) == len(t.error_positions) == t.tokens.count(U)
+                assert len(t.tokens) == len(t.loss_mask) == len(t.kinds)
+                from_sample = [tok for tok, k in zip(t.tokens, t.kinds) if k in (nmars.MATCHED, nmars.ERROR)]
+                if spans == "all":
+                    assert from_sample == s  # Eq. 5 walks the whole sample
+                else:
+                    assert s[:len(from_sample)] == from_sample  # a prefix of the sample
+                    first_undo = t.undo_positions[0] if t.undo_positions else len(t.tokens)
+                    assert all(k == nmars.CORRECTION for k in t.kinds[first_undo:] if k != nmars.UNDO)
+                kept = [tok for tok, k in zip(t.tokens, t.kinds) if k == nmars.MATCHED]
+                assert _is_subsequence(kept, s) and _is_subsequence(kept, y)
+                if alignment == "prefix":
+                    lcp = next((i for i, (a, b) in enumerate(zip(s, y)) if a != b), min(len(s), len(y)))
+                    assert len(t.error_positions) == len(s) - lcp
+                if s == y:
+                    assert t.tokens == y and not t.undo_positions
+
+
+def test_diff_augment_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="spans"):
+        nmars.diff_augment([1], [1], undo_id=U, spans="some")
+    with pytest.raises(ValueError, match="alignment"):
+        nmars.diff_augment([1], [1], undo_id=U, alignment="lcs")
+    with pytest.raises(ValueError, match="sample"):
+        nmars.diff_augment([1, U], [1], undo_id=U)
+    with pytest.raises(ValueError, match="reference"):
+        nmars.diff_augment([1], [U], undo_id=U)
+
+
+@pytest.mark.parametrize("mask_errors", [True, False])
+def test_diff_augment_batch_renders_and_masks(mask_errors):
+    tokens, pl, cl = _refs(seed=4)
+    b, eos = tokens.shape[0], 2
+    rng = np.random.default_rng(5)
+    samples = np.zeros((b, 9), np.int64)
+    slen = np.zeros(b, np.int64)
+    for i in range(b):
+        ref = tokens[i, pl[i]:pl[i] + cl[i] - 1].tolist()
+        smp = [t if rng.random() < 0.7 else int(rng.integers(3, 9)) for t in ref]
+        smp = smp + rng.integers(3, 9, int(rng.integers(0, 3))).tolist()
+        smp = (smp + [eos] + [7, 7])[:9] if rng.random() < 0.8 else smp[:9]  # tokens after EOS are ignored
+        samples[i, :len(smp)] = smp
+        slen[i] = len(smp)
+    augment = rng.random(b) < 0.8
+    out = nmars.diff_augment_batch(tokens, pl, cl, samples, slen, undo_id=12, eos_id=eos, augment=augment,
+                                   mask_errors=mask_errors, pad_id=0)
+    z = out["tokens"]
+    assert (out["num_undo"][~augment] == 0).all() and (out["num_undo"] > 0).sum() > 3
+    for i in range(b):
+        p, n = pl[i], out["lengths"][i]
+        ref = tokens[i, p:p + cl[i] - 1].tolist()
+        assert (z[i, :p] == tokens[i, :p]).all() and z[i, n - 1] == eos and (z[i, n:] == 0).all()
+        rendered, erased = _backspace(z[i, p:n - 1].tolist(), 12)
+        assert rendered == ref
+        smp = samples[i, :slen[i]].tolist()
+        smp = smp[:smp.index(eos)] if eos in smp else smp
+        if augment[i]:
+            assert z[i, p:n - 1].tolist() == nmars.diff_augment(smp, ref, undo_id=12).tokens  # cut at EOS
+        else:
+            assert z[i, p:n - 1].tolist() == ref
+        # independent expected mask: completion targets (EOS included) weigh 1, erased tokens 0 if masking
+        want = np.zeros(z.shape[1] - 1)
+        want[p - 1:n - 1] = 1.0
+        dev = np.zeros_like(want)
+        for j in erased:
+            dev[p + j - 1] = 1.0
+            if mask_errors:
+                want[p + j - 1] = 0.0
+        np.testing.assert_array_equal(out["loss_mask"][i], want)
+        np.testing.assert_array_equal(out["deviation_mask"][i], dev)
+        assert out["num_undo"][i] == len(erased)
+        assert out["deviation_start"][i] == (p + min(erased) if erased else -1)
+        np.testing.assert_array_equal(out["targets"][i], z[i, 1:])
+    with pytest.raises(ValueError, match="seq_len"):
+        nmars.diff_augment_batch(tokens, pl, cl, samples, slen, undo_id=12, eos_id=eos, seq_len=5)
+    bad = samples.copy()
+    bad[0, 0] = 12
+    with pytest.raises(ValueError, match="sample"):
+        nmars.diff_augment_batch(tokens, pl, cl, bad, np.maximum(slen, 1), undo_id=12, eos_id=eos)
+    with pytest.raises(ValueError, match="sample_lengths"):
+        nmars.diff_augment_batch(tokens, pl, cl, samples, slen + 20, undo_id=12, eos_id=eos)
