@@ -17,6 +17,17 @@ Dimension legend: `n` decision dim, `m = n` noise dim (diagonal noise), `K` Eule
 
 Spec: papers/specs/statistics_theory.md section 9 (energy loss and path-following drift in 9(b)).
 
+What the paper's public material says about the loss (searched 2026-12-06 for issue 33: the ICML 2026
+abstract; the PMLR PDF `mlresearch/v306 assets/amidzadeh26a`, whose indexed text stops after the abstract
+and the first lines of Section 1; the official README in three versions, repository not resolvable, no code
+files or pseudo-code text (the algorithm is an image)): SPF (i) simulates the neural SDE and the Malliavin
+derivatives of the decision process, (ii) "computes an energy-functional loss associated with the TV-SO
+problem", (iii) updates drift and diffusion networks with Adam; it integrates `n + n^2` SDE components and
+does not differentiate the SDE solution with respect to the parameters. The form of that energy functional
+and of the optimality conditions is not given anywhere we could read, so no loss beyond `LOSSES` is
+implemented. Of those, `"objective"` (psi = f through the same `n + n^2` forward pass) satisfies every
+stated property too; its gradient equals PDM's on the same key (tested).
+
 INFERRED (the paper's optimality conditions and energy functional are unavailable; low confidence):
   * the default energy `E sum dt ||grad F||^2 + lambda E sum dt ||G||^2` and the path-following drift are the
     spec's reconstruction;
@@ -611,11 +622,13 @@ def pdm_forward_gradient(params: dict, problem: TVSOProblem, sde: NeuralSDE, x0:
 
 
 class TrainResult(NamedTuple):
-    """Trained parameters, a log (dict of arrays over logged episodes) and seconds per episode."""
+    """Trained parameters, a log (dict of arrays over logged episodes), seconds per episode, and the
+    parameters after the episodes asked for by `snapshot_at` (`{episodes done: params}`; empty if none)."""
 
     params: Any
     history: dict
     seconds_per_episode: float
+    snapshots: dict | None = None
 
 
 def _schedule(learning_rate: float, num_episodes: int, lr_decay: float):
@@ -626,20 +639,25 @@ def _schedule(learning_rate: float, num_episodes: int, lr_decay: float):
     return optax.cosine_decay_schedule(learning_rate, num_episodes, alpha=lr_decay)
 
 
-def _run_episodes(update, params, opt_state, keys, *, log_every: int, progress: bool, desc: str) -> TrainResult:
+def _run_episodes(update, params, opt_state, keys, *, log_every: int, progress: bool, desc: str,
+                  snapshot_at: tuple[int, ...] = ()) -> TrainResult:
     """`update(params, opt_state, key) -> (params, opt_state, aux)` once per key, through `run_loop`.
 
     Logs episode 0, every `log_every`-th after it and the last; the time per episode excludes the first
-    (compiling) one.
+    (compiling) one. Keeps the parameters after each number of episodes in `snapshot_at`.
     """
+    wanted, snapshots = frozenset(int(s) for s in snapshot_at), {}
+
     def step_fn(carry, i):
         p, s, aux = update(*carry, keys[i])
+        if i + 1 in wanted:
+            snapshots[i + 1] = p
         return (p, s), aux
 
     out = run_loop(step_fn, (params, opt_state), num_steps=len(keys), log_every=log_every, log_offset=1,
                    row_fn=lambda done, metrics: {"episode": done - 1, **metrics}, progress=progress, desc=desc)
     history = {k: np.asarray([row[k] for row in out.history]) for k in out.history[0]}
-    return TrainResult(out.state[0], history, out.seconds_per_step)
+    return TrainResult(out.state[0], history, out.seconds_per_step, snapshots)
 
 
 @functools.lru_cache(maxsize=32)
@@ -671,7 +689,7 @@ def train_path_follower(problem: TVSOProblem, sde: NeuralSDE, x0: jax.Array, ts:
                         learning_rate: float = 3e-3, loss: str = "energy", malliavin_weight: float = 0.1,
                         kappa: float = 5.0, data_batch: int = 1, lr_decay: float = 1.0, log_every: int = 10,
                         progress: bool = False, params: Any = None,
-                        compiler_options: dict | None = None) -> TrainResult:
+                        compiler_options: dict | None = None, snapshot_at: tuple[int, ...] = ()) -> TrainResult:
     """Trains a neural-SDE decision process with SPF or a PDM baseline, Adam updates.
 
     Args:
@@ -684,15 +702,23 @@ def train_path_follower(problem: TVSOProblem, sde: NeuralSDE, x0: jax.Array, ts:
       log_every: history interval. progress: tqdm bar. params: initial parameters
         (default `sde.init(key)`). compiler_options: XLA options for compiling the update (e.g.
         `FAST_COMPILE` for short runs, where compilation dominates); None = defaults.
+      snapshot_at: episode counts in [1, num_episodes] after which the parameters are kept
+        (`TrainResult.snapshots`). The episode keys are a prefix-consistent split of `key`, so the
+        snapshot after `k` episodes equals the result of a `k`-episode run with the same key and a
+        constant learning rate: one long run yields the shorter budgets too.
 
     Returns:
-      TrainResult; `history` has `episode`, `objective`, `tracking_error`, and for SPF `energy`, `sigma`.
+      TrainResult; `history` has `episode`, `objective`, `tracking_error`, for SPF `energy`, `sigma`, for
+      backprop PDM `sigma`.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     _check_num("num_episodes", num_episodes)
     _check_num("log_every", log_every)
     _check_positive("learning_rate", learning_rate)
+    bad = [s for s in snapshot_at if not 1 <= int(s) <= num_episodes]
+    if bad:
+        raise ValueError(f"snapshot_at entries must be in [1, num_episodes={num_episodes}]; got {bad}")
     kinit, kloop = jax.random.split(key)
     if params is None:
         params = sde.init(kinit)
@@ -705,7 +731,7 @@ def train_path_follower(problem: TVSOProblem, sde: NeuralSDE, x0: jax.Array, ts:
     if compiler_options is not None:
         update = update.lower(params, state, keys[0], x0, ts).compile(compiler_options)
     return _run_episodes(lambda p, s, k: update(p, s, k, x0, ts), params, state, keys, log_every=log_every,
-                         progress=progress, desc=f"{method}:{problem.name}")
+                         progress=progress, desc=f"{method}:{problem.name}", snapshot_at=tuple(snapshot_at))
 
 
 # ----------------------------------------------------------------------------- PSG baseline

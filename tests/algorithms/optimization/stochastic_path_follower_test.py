@@ -283,6 +283,20 @@ def test_psg_static_problem_converges_at_the_known_rate():
     assert np.all(np.abs(avg.mean(0) - np.stack(rec)) < 4.5 * (avg.std(0, ddof=1) / math.sqrt(runs) + 1e-12))
 
 
+def test_snapshot_after_k_episodes_is_the_k_episode_run(tiny):
+    """The episode keys are a prefix-consistent split: a snapshot of a long run is a shorter run."""
+    prob, sde, _, x0, ts = tiny
+    opts = dict(method="pdm", num_paths=2, learning_rate=1e-2, compiler_options=S.FAST_COMPILE)
+    long = S.train_path_follower(prob, sde, x0, ts, jax.random.key(3), num_episodes=4, snapshot_at=(2, 4), **opts)
+    short = S.train_path_follower(prob, sde, x0, ts, jax.random.key(3), num_episodes=2, **opts)
+    assert sorted(long.snapshots) == [2, 4] and short.snapshots == {}
+    np.testing.assert_allclose(_flat(long.snapshots[2]), _flat(short.params), rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(_flat(long.snapshots[4]), _flat(long.params))
+    assert np.max(np.abs(_flat(long.params) - _flat(short.params))) > 1e-4  # two more steps moved them
+    with pytest.raises(ValueError, match="snapshot_at"):
+        S.train_path_follower(prob, sde, x0, ts, jax.random.key(3), num_episodes=2, snapshot_at=(3,), **opts)
+
+
 def test_input_validation(tiny):
     prob, sde, params, x0, ts = tiny
     key = jax.random.key(0)
