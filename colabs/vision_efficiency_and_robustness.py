@@ -275,7 +275,7 @@ for label, model in (("base", base), ("Dem-HEC", tuned["dem_hec"]), ("clean FT",
 #
 # ```
 # python -m experiments run toast --preset paper --data-dir gs://my-bucket/tensorflow_datasets
-# python -m experiments run dem_hec --preset paper --data-dir gs://my-bucket/tensorflow_datasets
+# python -m experiments run dem_hec --preset paper --data.data-dir gs://my-bucket/tensorflow_datasets
 # ```
 #
 # In Python, `experiments.data.cifar10_images("test")` and `experiments.data.cifar10_c_images("fog", 3)` return

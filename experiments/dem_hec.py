@@ -18,17 +18,17 @@ Setup (CPU scale, nothing downloaded; the spec's reproduction plan (d)):
      (`experiments.tasks.load_digits`). The `paper` preset (``dataset="cifar10"``) reads CIFAR-10
      (50000 / 10000 RGB 32x32) and evaluates on the published CIFAR-10-C test sets (Hendrycks &
      Dietterich's own corrupted images, not `primitives.corruptions`) through TFDS
-     (`experiments.data`: the ``[data]`` extra and prepared datasets in ``data_dir``; nothing
+     (`experiments.data`: the ``[data]`` extra and prepared datasets in ``data.data_dir``; nothing
      downloads): SEEN = the benchmark's 15 main corruptions, HELD-OUT = its 4 extra ones.
   2. Base models, each trained once through `algorithms.training.fit` with an orbax checkpoint in
      ``<workdir>/ckpt/<arch>_base`` (a rerun resumes / reuses it): `models.cnn.CNN` (3 conv stages,
      GroupNorm, ~16k parameters) and a small `models.vit.ViT` (patch 4, class token, 2 layers).
   3. Fine-tuning arms, every one `algorithms.robustness.dem_hec.fine_tune` for exactly
-     ``finetune_steps`` optimizer steps with the same batches (per seed), the same AdamW and the same
-     constant learning rate (``finetune_lr_scale`` x the base model's peak): Dem-HEC (the spec's
+     ``finetune.steps`` optimizer steps with the same batches (per seed), the same AdamW and the same
+     constant learning rate (``finetune.lr_scale`` x the base model's peak): Dem-HEC (the spec's
      defaults: eps 8/255, K = 3, lambda_he 1, lambda_con 0.5, lambda_kd 1), clean fine-tuning,
      Gaussian-noise augmentation and PGD adversarial fine-tuning (same eps and K); the ablations
-     set one Dem-HEC weight to 0 (he_weight, contrastive_weight, kd_weight). ``ablation_archs``
+     set one Dem-HEC weight to 0 (he_weight, contrastive_weight, kd_weight). ``finetune.ablation_archs``
      says where the ablations run (the quick preset: the CNN only, for time). Seeds vary the
      fine-tuning (batches, random starts, projection head), not the base model or the test set.
   4. Evaluation on the test images: clean accuracy, and accuracy and mean predictive entropy on
@@ -70,7 +70,11 @@ Recipe:
     python -m experiments run dem_hec --preset paper   # CIFAR-10 / CIFAR-10-C (TFDS), 5 seeds,
                                                        # severities 1-5, ablations on both models,
                                                        # larger models, longer training and fine-tuning
-    python -m experiments run dem_hec --preset paper --data-dir gs://bucket/tensorflow_datasets
+    python -m experiments run dem_hec --preset paper --data.data-dir gs://bucket/tensorflow_datasets
+    python -m experiments run dem_hec --preset smoke --finetune.steps 5   # one field of a config section
+
+Config sections (`run dem_hec --help` lists every field): data, cnn, vit, finetune, dem_hec (the library's
+`DemHECConfig`), baseline (`BaselineConfig`), eval.
 
 The quick preset fine-tunes 40 steps per arm (60 before issue 26's CPU budget: it took 232 s on the
 shared 2-core CPU with another experiment beside it; the fine-tuning compute of the 11 arms x 3 seeds
@@ -128,84 +132,119 @@ HELD_OUT_GREY = tuple(n for n in corruptions_lib.HELD_OUT_CORRUPTIONS if n != "s
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """dem_hec settings (every field can be overridden on the command line)."""
+class DataSection:
+    """Images and their corruptions (``--data.dataset cifar10 --data.data-dir gs://...``).
 
-    # data: "digits" (offline; corruptions from primitives.corruptions) or "cifar10" (TFDS: CIFAR-10 and the
-    # published CIFAR-10-C test sets, `experiments.data`; needs the [data] extra and prepared datasets)
+    "digits" (offline; corruptions from primitives.corruptions) or "cifar10" (TFDS: CIFAR-10 and the
+    published CIFAR-10-C test sets, `experiments.data`; needs the [data] extra and prepared datasets).
+    """
+
     dataset: str = "digits"
     upsample: int = 2  # digits: 8x8 -> 16x16
     data_dir: str = ""  # cifar10: where TFDS's prepared datasets live ("" = TFDS's default)
     cifar_train: int = 50000  # cifar10: the first this many training images
     cifar_test: int = 10000  # cifar10: the first this many test images (and their CIFAR-10-C versions)
-    # models
-    archs: tuple[str, ...] = ARCHS
-    cnn_channels: tuple[int, ...] = (16, 32, 32)
-    cnn_hidden_dim: int = 64
-    vit_patch_size: int = 4
-    vit_d_model: int = 32
-    vit_num_heads: int = 4
-    vit_d_ff: int = 64
-    vit_num_layers: int = 2
-    # base training (once per architecture, checkpointed)
-    batch_size: int = 64
-    cnn_train_steps: int = 300
-    cnn_learning_rate: float = 3e-3
-    vit_train_steps: int = 400
-    vit_learning_rate: float = 2e-3
-    weight_decay: float = 0.01
-    # fine-tuning: every arm the same steps, batches, optimizer and constant learning rate
-    finetune_steps: int = 60
-    finetune_lr_scale: float = 0.1  # x the base model's peak learning rate
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CNNSection:
+    """The CNN and its base training (``--cnn.train-steps 600``)."""
+
+    channels: tuple[int, ...] = (16, 32, 32)
+    hidden_dim: int = 64
+    train_steps: int = 300
+    learning_rate: float = 3e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ViTSection:
+    """The ViT and its base training (``--vit.d-model 64``)."""
+
+    patch_size: int = 4
+    d_model: int = 32
+    num_heads: int = 4
+    d_ff: int = 64
+    num_layers: int = 2
+    train_steps: int = 400
+    learning_rate: float = 2e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FinetuneSection:
+    """Every arm the same steps, batches, optimizer and constant learning rate (``--finetune.steps 60``)."""
+
+    steps: int = 60
+    lr_scale: float = 0.1  # x the base model's peak learning rate
     seeds: tuple[int, ...] = (0, 1, 2)
     ablation_archs: tuple[str, ...] = ("cnn",)
-    dem_hec: dh.DemHECConfig = dh.DemHECConfig()
-    baseline: dh.BaselineConfig = dh.BaselineConfig()
-    # evaluation
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """Corruption sets and the check rules (``--eval.severities 1 2 3 4 5``)."""
+
     seen: tuple[str, ...] = corruptions_lib.SEEN_CORRUPTIONS
     held_out: tuple[str, ...] = HELD_OUT_GREY
     severities: tuple[int, ...] = (1, 3, 5)
-    eval_seed: int = 1234  # the corruption key (the same corrupted test images for every model)
-    eval_batch_size: int = 900
+    corruption_seed: int = 1234  # the corruption key (the same corrupted test images for every model)
+    batch_size: int = 900
     t_level: float = 0.95  # one-sided paired t-test over seeds
     se_multiple: float = 2.0  # test-image standard errors a difference must also clear
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """dem_hec settings, in sections overridden on the command line as ``--finetune.steps 60``."""
+
+    data: DataSection = DataSection()
+    archs: tuple[str, ...] = ARCHS
+    cnn: CNNSection = CNNSection()
+    vit: ViTSection = ViTSection()
+    batch_size: int = 64  # base training and fine-tuning
+    weight_decay: float = 0.01  # base training (fine-tuning uses none)
+    finetune: FinetuneSection = FinetuneSection()
+    dem_hec: dh.DemHECConfig = dh.DemHECConfig()
+    baseline: dh.BaselineConfig = dh.BaselineConfig()
+    eval: EvalSection = EvalSection()
     seed: int = 0  # data split and base-model initialisation
     progress: bool = True
 
     def __post_init__(self):
+        err = registry.ConfigError
         bad = [a for a in self.archs if a not in ARCHS]
         if not self.archs or bad:
-            raise ValueError(f"archs must be a non-empty subset of {ARCHS}; got {self.archs}")
-        extra = [a for a in self.ablation_archs if a not in self.archs]
+            raise err("archs", f"must be a non-empty subset of {ARCHS}; got {self.archs}")
+        extra = [a for a in self.finetune.ablation_archs if a not in self.archs]
         if extra:
-            raise ValueError(f"ablation_archs must be a subset of archs={self.archs}; got extra {extra}")
-        if len(self.seeds) < 2 or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must hold >= 2 distinct seeds (the t-interval needs S - 1 >= 1); "
-                             f"got {self.seeds}")
-        if self.dataset not in DATASETS:
-            raise ValueError(f"dataset must be one of {DATASETS}; got {self.dataset!r}")
+            raise err("finetune.ablation_archs", f"must be a subset of archs={self.archs}; got extra {extra}")
+        seeds = self.finetune.seeds
+        if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+            raise err("finetune.seeds", f"must hold >= 2 distinct seeds (the t-interval needs S - 1 >= 1); got {seeds}")
+        d, e = self.data, self.eval
+        if d.dataset not in DATASETS:
+            raise err("data.dataset", f"must be one of {DATASETS}; got {d.dataset!r}")
         for name in ("cifar_train", "cifar_test"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
-        known, where = ((corruptions_lib.CORRUPTIONS, "primitives.corruptions.CORRUPTIONS") if self.dataset == "digits"
+            if getattr(d, name) < 1:
+                raise err(f"data.{name}", f"must be >= 1; got {getattr(d, name)}")
+        known, where = ((corruptions_lib.CORRUPTIONS, "primitives.corruptions.CORRUPTIONS") if d.dataset == "digits"
                         else (CIFAR10_C_MAIN + CIFAR10_C_EXTRA, "experiments.data.CIFAR10_C_MAIN / CIFAR10_C_EXTRA"))
         for name in ("seen", "held_out"):
-            names = getattr(self, name)
+            names = getattr(e, name)
             unknown = [n for n in names if n not in known]
             if not names or unknown:
-                raise ValueError(f"{name} must list corruptions of {where} (dataset={self.dataset!r}); "
-                                 f"got {names} (unknown {unknown})")
-        if set(self.seen) & set(self.held_out):
-            both = sorted(set(self.seen) & set(self.held_out))
-            raise ValueError(f"seen and held_out must not overlap; both hold {both}")
-        if not self.severities or any(not 1 <= s <= corruptions_lib.MAX_SEVERITY for s in self.severities):
-            raise ValueError(f"severities must be ints in 1..{corruptions_lib.MAX_SEVERITY}; got {self.severities}")
-        if not 0.5 < self.t_level < 1.0:
-            raise ValueError(f"t_level must be in (0.5, 1); got {self.t_level}")
-        if self.upsample < 1:
-            raise ValueError(f"upsample must be >= 1; got {self.upsample}")
-        if not self.finetune_lr_scale > 0:
-            raise ValueError(f"finetune_lr_scale must be > 0; got {self.finetune_lr_scale}")
+                raise err(f"eval.{name}", f"must list corruptions of {where} (data.dataset={d.dataset!r}); "
+                                          f"got {names} (unknown {unknown})")
+        if set(e.seen) & set(e.held_out):
+            both = sorted(set(e.seen) & set(e.held_out))
+            raise err("eval.seen", f"and eval.held_out must not overlap; both hold {both}")
+        if not e.severities or any(not 1 <= s <= corruptions_lib.MAX_SEVERITY for s in e.severities):
+            raise err("eval.severities", f"must be ints in 1..{corruptions_lib.MAX_SEVERITY}; got {e.severities}")
+        if not 0.5 < e.t_level < 1.0:
+            raise err("eval.t_level", f"must be in (0.5, 1); got {e.t_level}")
+        if d.upsample < 1:
+            raise err("data.upsample", f"must be >= 1; got {d.upsample}")
+        if not self.finetune.lr_scale > 0:
+            raise err("finetune.lr_scale", f"must be > 0; got {self.finetune.lr_scale}")
 
 
 # ------------------------------------------------------------------ statistics (the check rules)
@@ -265,29 +304,29 @@ def binomial_tolerance(p: float, n: int, multiple: float = 2.0) -> float:
 
 
 def _data(c: Config):
-    if c.dataset == "cifar10":
-        kw = dict(data_dir=c.data_dir or None)
-        return (cifar10_images("train", max_examples=c.cifar_train, **kw),
-                cifar10_images("test", max_examples=c.cifar_test, **kw))
+    if c.data.dataset == "cifar10":
+        kw = dict(data_dir=c.data.data_dir or None)
+        return (cifar10_images("train", max_examples=c.data.cifar_train, **kw),
+                cifar10_images("test", max_examples=c.data.cifar_test, **kw))
     (xtr, ytr), (xte, yte) = load_digits(seed=c.seed)
-    up = lambda x: np.repeat(np.repeat(x, c.upsample, 1), c.upsample, 2).astype(np.float32)  # noqa: E731
+    up = lambda x: np.repeat(np.repeat(x, c.data.upsample, 1), c.data.upsample, 2).astype(np.float32)  # noqa: E731
     return (up(xtr), ytr), (up(xte), yte)
 
 
 def _channels(c: Config) -> int:
-    return 3 if c.dataset == "cifar10" else 1
+    return 3 if c.data.dataset == "cifar10" else 1
 
 
 def cnn_config(c: Config) -> cnn_lib.CNNConfig:
-    return cnn_lib.CNNConfig(in_channels=_channels(c), num_classes=10, channels=c.cnn_channels,
-                             hidden_dim=c.cnn_hidden_dim,
-                             num_groups=4 if all(ch % 4 == 0 for ch in c.cnn_channels) else 1)
+    return cnn_lib.CNNConfig(in_channels=_channels(c), num_classes=10, channels=c.cnn.channels,
+                             hidden_dim=c.cnn.hidden_dim,
+                             num_groups=4 if all(ch % 4 == 0 for ch in c.cnn.channels) else 1)
 
 
 def vit_config(c: Config, image_size: int) -> vit_lib.ViTConfig:
-    return vit_lib.ViTConfig(image_size=image_size, patch_size=c.vit_patch_size, channels=_channels(c), num_classes=10,
-                             d_model=c.vit_d_model, num_heads=c.vit_num_heads, d_ff=c.vit_d_ff,
-                             num_layers=c.vit_num_layers)
+    return vit_lib.ViTConfig(image_size=image_size, patch_size=c.vit.patch_size, channels=_channels(c), num_classes=10,
+                             d_model=c.vit.d_model, num_heads=c.vit.num_heads, d_ff=c.vit.d_ff,
+                             num_layers=c.vit.num_layers)
 
 
 def vit_forward(model: vit_lib.ViT, images: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -303,20 +342,23 @@ def _forward(arch: str):
 
 
 def _base_lr(c: Config, arch: str) -> float:
-    return c.cnn_learning_rate if arch == "cnn" else c.vit_learning_rate
+    return c.cnn.learning_rate if arch == "cnn" else c.vit.learning_rate
 
 
 def _fingerprint(c: Config, arch: str) -> str:
-    fields = ["upsample", "batch_size", "weight_decay", "seed", f"{arch}_train_steps", f"{arch}_learning_rate"]
-    fields += ["dataset", "cifar_train"] if c.dataset == "cifar10" else []  # digits checkpoints stay valid
-    fields += [f.name for f in dataclasses.fields(c) if f.name.startswith(f"{arch}_")]
-    return json.dumps({"arch": arch, **{n: getattr(c, n) for n in sorted(set(fields))}}, sort_keys=True)
+    """The base model's settings, keyed by the pre-sections flat names (cnn_channels, ...), so that
+    checkpoints written before the config was split into sections stay valid."""
+    fields = {"upsample": c.data.upsample, "batch_size": c.batch_size, "weight_decay": c.weight_decay, "seed": c.seed}
+    fields.update({f"{arch}_{k}": v for k, v in dataclasses.asdict(getattr(c, arch)).items()})
+    if c.data.dataset == "cifar10":  # digits checkpoints stay valid
+        fields.update(dataset=c.data.dataset, cifar_train=c.data.cifar_train)
+    return json.dumps({"arch": arch, **fields}, sort_keys=True)
 
 
 def train_base(c: Config, arch: str, train, workdir: pathlib.Path) -> nnx.Module:
     """The base model of `arch`, trained once (orbax checkpoint in workdir/ckpt/<arch>_base, resumed)."""
     xtr, ytr = train
-    steps = c.cnn_train_steps if arch == "cnn" else c.vit_train_steps
+    steps = c.cnn.train_steps if arch == "cnn" else c.vit.train_steps
     opt = OptimizerConfig(learning_rate=_base_lr(c, arch), warmup_steps=max(1, steps // 10), total_steps=steps,
                           weight_decay=c.weight_decay)
     if arch == "cnn":
@@ -339,7 +381,7 @@ def train_base(c: Config, arch: str, train, workdir: pathlib.Path) -> nnx.Module
 
 def arms(c: Config, arch: str) -> list[str]:
     """The fine-tuning arms of `arch`: the four methods, plus the ablations where they run."""
-    return list(dh.METHODS) + (list(ABLATIONS) if arch in c.ablation_archs else [])
+    return list(dh.METHODS) + (list(ABLATIONS) if arch in c.finetune.ablation_archs else [])
 
 
 def _arm_setup(c: Config, arm: str) -> tuple[str, dh.DemHECConfig]:
@@ -362,16 +404,16 @@ def corrupted_sets(c: Config, images: np.ndarray, workdir: pathlib.Path) -> tupl
     digits: `primitives.corruptions` applied to `images` (float32, cached in the workdir); cifar10: the
     published CIFAR-10-C sets of the same test images read through TFDS (``uint8``, 2.9 GB for all 95).
     """
-    sets = [(name, int(s)) for name in c.seen + c.held_out for s in c.severities]
-    if c.dataset == "cifar10":
-        return sets, np.stack([cifar10_c_images(name, s, data_dir=c.data_dir or None, max_examples=len(images),
+    sets = [(name, int(s)) for name in c.eval.seen + c.eval.held_out for s in c.eval.severities]
+    if c.data.dataset == "cifar10":
+        return sets, np.stack([cifar10_c_images(name, s, data_dir=c.data.data_dir or None, max_examples=len(images),
                                                 raw=True)[0] for name, s in sets])
-    blob = json.dumps({"v": _CACHE_VERSION, "sets": sets, "seed": c.seed, "eval_seed": c.eval_seed,
-                       "upsample": c.upsample}, sort_keys=True)
+    blob = json.dumps({"v": _CACHE_VERSION, "sets": sets, "seed": c.seed, "eval_seed": c.eval.corruption_seed,
+                       "upsample": c.data.upsample}, sort_keys=True)
     path = workdir / "cache" / f"corrupted_{hashlib.sha1(blob.encode()).hexdigest()[:12]}.npy"
     if path.exists():
         return sets, np.load(path)
-    key = jax.random.key(c.eval_seed)
+    key = jax.random.key(c.eval.corruption_seed)
     out = np.stack([np.asarray(corruptions_lib.corrupt(images, name, s, corruption_key(key, name, s)))
                     for name, s in sets])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -397,8 +439,8 @@ def evaluate(model: nnx.Module, batch_size: int, clean: np.ndarray, labels: np.n
                                                batch_size=batch_size) for i in range(0, k + 1, group)])
     correct = (logits.argmax(-1) == np.tile(labels, k + 1)).reshape(k + 1, n)
     entropy = np.asarray(dh.prediction_entropy(jnp.asarray(logits))).reshape(k + 1, n).mean(1)
-    seen_rows = [i + 1 for i, (name, _) in enumerate(sets) if name in c.seen]
-    held_rows = [i + 1 for i, (name, _) in enumerate(sets) if name in c.held_out]
+    seen_rows = [i + 1 for i, (name, _) in enumerate(sets) if name in c.eval.seen]
+    held_rows = [i + 1 for i, (name, _) in enumerate(sets) if name in c.eval.held_out]
     return {
         "clean_accuracy": float(correct[0].mean()),
         "clean_entropy": float(entropy[0]),
@@ -414,8 +456,10 @@ def evaluate(model: nnx.Module, batch_size: int, clean: np.ndarray, labels: np.n
 
 
 def _arm_cache(c: Config, arch: str, arm: str, seed: int, workdir: pathlib.Path) -> epath.Path:
-    skip = {"progress", "archs", "ablation_archs", "seeds", "t_level", "se_multiple", "eval_batch_size", "data_dir"}
-    fields = {k: v for k, v in dataclasses.asdict(c).items() if k not in skip}
+    fields = dataclasses.asdict(c)  # every setting the arm's outcome depends on
+    for section, name in (("", "progress"), ("", "archs"), ("finetune", "ablation_archs"), ("finetune", "seeds"),
+                          ("eval", "t_level"), ("eval", "se_multiple"), ("eval", "batch_size"), ("data", "data_dir")):
+        del (fields[section] if section else fields)[name]
     blob = json.dumps({"v": _CACHE_VERSION, "c": fields, "arch": arch, "arm": arm, "seed": seed}, sort_keys=True,
                       default=str)
     return epath.Path(workdir) / "cache" / f"{arch}_{arm}_{seed}_{hashlib.sha1(blob.encode()).hexdigest()[:12]}.json"
@@ -457,23 +501,23 @@ def sweep(c: Config, workdir: pathlib.Path) -> tuple[dict, dict, int]:
         t = time.perf_counter()
         base = train_base(c, arch, train, workdir)
         timings[f"{arch}_base_train"] = time.perf_counter() - t
-        results[arch] = {"base": evaluate(base, c.eval_batch_size, xte, yte, corrupted, sets, c)}
-        lr = c.finetune_lr_scale * _base_lr(c, arch)
-        opt = OptimizerConfig(learning_rate=lr, warmup_steps=0, total_steps=c.finetune_steps, end_lr_fraction=1.0,
+        results[arch] = {"base": evaluate(base, c.eval.batch_size, xte, yte, corrupted, sets, c)}
+        lr = c.finetune.lr_scale * _base_lr(c, arch)
+        opt = OptimizerConfig(learning_rate=lr, warmup_steps=0, total_steps=c.finetune.steps, end_lr_fraction=1.0,
                               weight_decay=0.0)
         for arm in arms(c, arch):
             t = time.perf_counter()
             method, cfg = _arm_setup(c, arm)
             rows = []
-            for seed in c.seeds:
+            for seed in c.finetune.seeds:
                 cache = _arm_cache(c, arch, arm, seed, workdir)
                 if cache.exists():
                     rows.append(json.loads(cache.read_text()))
                     continue
-                ft = dh.fine_tune(base, *train, method=method, num_steps=c.finetune_steps, batch_size=c.batch_size,
+                ft = dh.fine_tune(base, *train, method=method, num_steps=c.finetune.steps, batch_size=c.batch_size,
                                   optimizer_config=opt, config=cfg, baseline=c.baseline, forward=_forward(arch),
-                                  seed=seed, log_every=max(1, c.finetune_steps // 3))
-                row = evaluate(ft.model, c.eval_batch_size, xte, yte, corrupted, sets, c)
+                                  seed=seed, log_every=max(1, c.finetune.steps // 3))
+                row = evaluate(ft.model, c.eval.batch_size, xte, yte, corrupted, sets, c)
                 row["steps"] = ft.steps
                 row["final_loss"] = float(ft.history[-1]["loss"]) if ft.history else float("nan")
                 cache.parent.mkdir(parents=True, exist_ok=True)
@@ -500,7 +544,7 @@ def _image_diff(rows_a: list[dict], rows_b: list[dict], key: str) -> np.ndarray:
 def _compare(c: Config, res: dict, a: str, b: str, split: str) -> dict:
     key = {"seen": "seen_mca", "held_out": "held_out_mca"}[split]
     return paired_rule(_per_seed(res[a], key), _per_seed(res[b], key), _image_diff(res[a], res[b], f"img_{split}"),
-                       t_level=c.t_level, se_multiple=c.se_multiple)
+                       t_level=c.eval.t_level, se_multiple=c.eval.se_multiple)
 
 
 def _summaries(c: Config, results: dict) -> dict:
@@ -523,12 +567,12 @@ def _summaries(c: Config, results: dict) -> dict:
 
 
 def _severity_curves(c: Config, row_or_rows, what: str) -> list[float]:
-    """Mean over SEEN corruptions of `what` ("accuracy" / "entropy") at severity 0 (clean), then c.severities."""
+    """Mean over SEEN corruptions of `what` ("accuracy" / "entropy") at severity 0 (clean), then c.eval.severities."""
     rows = row_or_rows if isinstance(row_or_rows, list) else [row_or_rows]
     clean_key = "clean_accuracy" if what == "accuracy" else "clean_entropy"
     curve = [float(np.mean([r[clean_key] for r in rows]))]
-    for s in c.severities:
-        curve.append(float(np.mean([r[what][f"{n}/{s}"] for r in rows for n in c.seen])))
+    for s in c.eval.severities:
+        curve.append(float(np.mean([r[what][f"{n}/{s}"] for r in rows for n in c.eval.seen])))
     return curve
 
 
@@ -538,8 +582,8 @@ def _fmt_pp(x: float) -> str:
 
 def analyse(c: Config, results: dict, n_test: int) -> tuple[list[Check], dict, str | None, str]:
     checks, comparisons, worst = [], {}, []
-    s = len(c.seeds)
-    rule_txt = f"> max(t SE_seeds, {c.se_multiple:g} SE_img)"
+    s = len(c.finetune.seeds)
+    rule_txt = f"> max(t SE_seeds, {c.eval.se_multiple:g} SE_img)"
     for arch in c.archs:
         res, A = results[arch], arch.upper() if arch == "cnn" else "ViT"
         comparisons[arch] = {}
@@ -554,11 +598,11 @@ def analyse(c: Config, results: dict, n_test: int) -> tuple[list[Check], dict, s
                     note=f"SE_seeds {100 * r['se_seed']:.2f}, SE_img {100 * r['se_img']:.2f}"))
         clean_dh = float(np.mean(_per_seed(res["dem_hec"], "clean_accuracy")))
         clean_ft = float(np.mean(_per_seed(res["clean"], "clean_accuracy")))
-        tol = binomial_tolerance(clean_ft, n_test, c.se_multiple)
+        tol = binomial_tolerance(clean_ft, n_test, c.eval.se_multiple)
         comparisons[arch]["clean_accuracy_dem_hec_minus_clean_ft"] = clean_dh - clean_ft
         checks.append(Check(f"{A} clean acc, Dem-HEC - clean FT (pp)", round(100 * (clean_dh - clean_ft), 2),
                             "clean accuracy retained or improved",
-                            f">= -{c.se_multiple:g} binomial SE = -{100 * tol:.2f}", clean_dh - clean_ft >= -tol,
+                            f">= -{c.eval.se_multiple:g} binomial SE = -{100 * tol:.2f}", clean_dh - clean_ft >= -tol,
                             note=f"Dem-HEC {clean_dh:.3f}, clean FT {clean_ft:.3f}, n={n_test}"))
     # not required: ablations, entropy diagnostics, PGD's clean accuracy
     for arch in c.archs:
@@ -578,7 +622,7 @@ def analyse(c: Config, results: dict, n_test: int) -> tuple[list[Check], dict, s
         dh_h = _severity_curves(c, res["dem_hec"], "entropy")
         ft_h = _severity_curves(c, res["clean"], "entropy")
         entropy[arch] = {"base": base_h[-1] - base_h[0], "dem_hec": dh_h[-1] - dh_h[0], "clean": ft_h[-1] - ft_h[0]}
-        checks.append(Check(f"{A} base entropy rise, severity 0 -> {c.severities[-1]} (nats)",
+        checks.append(Check(f"{A} base entropy rise, severity 0 -> {c.eval.severities[-1]} (nats)",
                             round(base_h[-1] - base_h[0], 3), "entropy rises with severity", "> 0",
                             base_h[-1] - base_h[0] > 0, required=False))
         checks.append(Check(f"{A} entropy rise, Dem-HEC - clean FT (nats)",
@@ -628,11 +672,12 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     summary = _summaries(c, results)
     plots = [_plot_bars(c, summary, workdir), _plot_severity(c, results, workdir)]
     steps = sorted({st for arch in summary.values() for arm, d in arch.items() if arm != "base" for st in d["steps"]})
-    data_desc = "CIFAR-10 / CIFAR-10-C 32x32" if c.dataset == "cifar10" else f"Digits {8 * c.upsample}x{8 * c.upsample}"
-    context = (f"{data_desc} ({n_test} test images), CNN and ViT fine-tuned {c.finetune_steps} steps per arm "
-               f"(equal: {steps}), {len(c.seeds)} seeds, severities {list(c.severities)}, "
-               f"{len(c.seen)} seen and {len(c.held_out)} held-out corruptions; ablations on "
-               f"{', '.join(c.ablation_archs) or 'none'}. Base clean / seen mCA: "
+    side = 8 * c.data.upsample
+    data_desc = "CIFAR-10 / CIFAR-10-C 32x32" if c.data.dataset == "cifar10" else f"Digits {side}x{side}"
+    context = (f"{data_desc} ({n_test} test images), CNN and ViT fine-tuned {c.finetune.steps} steps per arm "
+               f"(equal: {steps}), {len(c.finetune.seeds)} seeds, severities {list(c.eval.severities)}, "
+               f"{len(c.eval.seen)} seen and {len(c.eval.held_out)} held-out corruptions; ablations on "
+               f"{', '.join(c.finetune.ablation_archs) or 'none'}. Base clean / seen mCA: "
                + ", ".join(f"{a} {summary[a]['base']['clean_accuracy']:.3f} / {summary[a]['base']['seen_mca']:.3f}"
                            for a in c.archs))
     text, reproduced = verdict(
@@ -649,7 +694,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                                                   for k in rows[0]["accuracy"]} if isinstance(rows, list)
                                                  else rows["accuracy"])
                                            for arm, rows in res.items()} for arch, res in results.items()},
-        "severities": list(c.severities),
+        "severities": list(c.eval.severities),
         "n_test": n_test,
         "seconds": {k: round(v, 1) for k, v in timings.items()},
         "sweep_seconds": round(time.perf_counter() - start, 1),
@@ -684,13 +729,13 @@ def _plot_bars(c: Config, summary: dict, workdir: pathlib.Path) -> str:
             ax.set_title(f"{arch.upper() if arch == 'cnn' else 'ViT'}: {title}", fontsize=9)
             if j == 0:
                 plotting.legend(ax, fontsize=7)
-    fig.suptitle(f"mean over {len(c.seeds)} seeds, 95% t-interval over seeds", fontsize=9)
+    fig.suptitle(f"mean over {len(c.finetune.seeds)} seeds, 95% t-interval over seeds", fontsize=9)
     return report.savefig(fig, workdir / "methods.png")
 
 
 def _plot_severity(c: Config, results: dict, workdir: pathlib.Path) -> str:
     fig, axes = plotting.subplots(len(c.archs), 2, figsize=(10, 3.4 * len(c.archs)), squeeze=False)
-    sev = [0] + list(c.severities)
+    sev = [0] + list(c.eval.severities)
     for i, arch in enumerate(c.archs):
         res = results[arch]
         for j, what in enumerate(("entropy", "accuracy")):
@@ -712,17 +757,21 @@ EXPERIMENT = registry.Experiment(
     slug="dem_hec",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(archs=("cnn",), cnn_channels=(4, 8), cnn_hidden_dim=8, vit_d_model=8, vit_num_heads=2, vit_d_ff=16,
-                                vit_num_layers=1, cnn_train_steps=20, vit_train_steps=20, finetune_steps=3,
-                                seeds=(0, 1), ablation_archs=(), dem_hec=dh.DemHECConfig(steps=1),
-                                seen=("contrast", "defocus_blur"), held_out=("gaussian_blur",), severities=(3,),
+        "smoke": lambda: Config(archs=("cnn",), cnn=CNNSection(channels=(4, 8), hidden_dim=8, train_steps=20),
+                                vit=ViTSection(d_model=8, num_heads=2, d_ff=16, num_layers=1, train_steps=20),
+                                finetune=FinetuneSection(steps=3, seeds=(0, 1), ablation_archs=()),
+                                dem_hec=dh.DemHECConfig(steps=1),
+                                eval=EvalSection(seen=("contrast", "defocus_blur"), held_out=("gaussian_blur",),
+                                                 severities=(3,)),
                                 progress=False),
-        "quick": lambda: Config(finetune_steps=40),
-        "paper": lambda: Config(dataset="cifar10", seen=CIFAR10_C_MAIN, held_out=CIFAR10_C_EXTRA,
-                                cnn_channels=(64, 128, 256), cnn_hidden_dim=256, vit_d_model=128, vit_d_ff=512,
-                                vit_num_layers=6, batch_size=128, cnn_train_steps=10000, vit_train_steps=20000,
-                                finetune_steps=1000, seeds=(0, 1, 2, 3, 4), ablation_archs=ARCHS,
-                                severities=(1, 2, 3, 4, 5), eval_batch_size=1000),
+        "quick": lambda: Config(finetune=FinetuneSection(steps=40)),
+        "paper": lambda: Config(data=DataSection(dataset="cifar10"),
+                                cnn=CNNSection(channels=(64, 128, 256), hidden_dim=256, train_steps=10000),
+                                vit=ViTSection(d_model=128, d_ff=512, num_layers=6, train_steps=20000),
+                                batch_size=128,
+                                finetune=FinetuneSection(steps=1000, seeds=(0, 1, 2, 3, 4), ablation_archs=ARCHS),
+                                eval=EvalSection(seen=CIFAR10_C_MAIN, held_out=CIFAR10_C_EXTRA,
+                                                 severities=(1, 2, 3, 4, 5), batch_size=1000)),
     },
     run=run,
 )

@@ -71,13 +71,13 @@ def test_binomial_tolerance_closed_form():
 
 def test_config_rejects_bad_fields():
     with pytest.raises(ValueError, match="seeds"):
-        exp.Config(seeds=(0,))
+        exp.Config(finetune=exp.FinetuneSection(seeds=(0,)))
     with pytest.raises(ValueError, match="ablation_archs"):
-        exp.Config(archs=("cnn",), ablation_archs=("vit",))
+        exp.Config(archs=("cnn",), finetune=exp.FinetuneSection(ablation_archs=("vit",)))
     with pytest.raises(ValueError, match="overlap"):
-        exp.Config(seen=("contrast",), held_out=("contrast",))
+        exp.Config(eval=exp.EvalSection(seen=("contrast",), held_out=("contrast",)))
     with pytest.raises(ValueError, match="severities"):
-        exp.Config(severities=(0,))
+        exp.Config(eval=exp.EvalSection(severities=(0,)))
 
 
 def test_vit_forward_features_are_the_heads_input():
@@ -90,20 +90,22 @@ def test_vit_forward_features_are_the_heads_input():
 
 
 def test_cached_evaluation_matches_the_librarys_corruption_accuracy(tmp_path):
-    c = dataclasses.replace(exp.EXPERIMENT.config("smoke"), seen=("contrast",), held_out=("defocus_blur",),
-                            severities=(2, 4))
+    smoke = exp.EXPERIMENT.config("smoke")
+    c = dataclasses.replace(smoke, eval=dataclasses.replace(smoke.eval, seen=("contrast",), held_out=("defocus_blur",),
+                                                            severities=(2, 4)))
     rng = np.random.default_rng(0)
     images = rng.uniform(size=(12, 8, 8, 1)).astype(np.float32)
     labels = rng.integers(0, 10, 12).astype(np.int32)
     model = CNN(CNNConfig(channels=(4,), hidden_dim=0, num_groups=1), rngs=nnx.Rngs(0))
     sets, corrupted = exp.corrupted_sets(c, images, tmp_path)
     row = exp.evaluate(model, 7, images, labels, corrupted, sets, c)
-    table = dh.corruption_accuracy(model, images, labels, key=jax.random.key(c.eval_seed),
+    table = dh.corruption_accuracy(model, images, labels, key=jax.random.key(c.eval.corruption_seed),
                                    names=("contrast", "defocus_blur"), severities=(2, 4))
     assert row["accuracy"] == {f"{n}/{s}": v for (n, s), v in table.items()}
     assert row["clean_accuracy"] == dh.accuracy(model, images, labels)
     assert row["seen_mca"] == pytest.approx(np.mean([table[("contrast", 2)], table[("contrast", 4)]]))
-    ent = dh.entropy_by_severity(model, images, key=jax.random.key(c.eval_seed), names=("contrast",), severities=(0, 2))
+    ent = dh.entropy_by_severity(model, images, key=jax.random.key(c.eval.corruption_seed), names=("contrast",),
+                                 severities=(0, 2))
     assert [row["clean_entropy"], row["entropy"]["contrast/2"]] == pytest.approx(ent[0].tolist(), rel=1e-5)
     # the cache returns the same sets
     sets2, corrupted2 = exp.corrupted_sets(c, images, tmp_path)
@@ -112,8 +114,9 @@ def test_cached_evaluation_matches_the_librarys_corruption_accuracy(tmp_path):
 
 def test_evaluation_of_uint8_sets_and_any_set_grouping_agree():
     """CIFAR-10-C sets are stored as uint8 and scored a few sets at a time: same numbers as float sets."""
-    c = dataclasses.replace(exp.EXPERIMENT.config("smoke"), seen=("contrast",), held_out=("defocus_blur",),
-                            severities=(2, 4))
+    smoke = exp.EXPERIMENT.config("smoke")
+    c = dataclasses.replace(smoke, eval=dataclasses.replace(smoke.eval, seen=("contrast",), held_out=("defocus_blur",),
+                                                            severities=(2, 4)))
     rng = np.random.default_rng(1)
     clean = rng.integers(0, 256, (12, 8, 8, 1)).astype(np.float32) / 255.0
     raw = rng.integers(0, 256, (4, 12, 8, 8, 1), dtype=np.uint8)
@@ -131,15 +134,17 @@ def test_evaluation_of_uint8_sets_and_any_set_grouping_agree():
 
 def test_cifar10_config_checks_corruption_names_against_cifar10_c():
     with pytest.raises(ValueError, match=r"seen must list corruptions of experiments\.data"):
-        exp.Config(dataset="cifar10", seen=("elastic",), held_out=("saturate",))
+        exp.Config(data=exp.DataSection(dataset="cifar10"),
+                   eval=exp.EvalSection(seen=("elastic",), held_out=("saturate",)))
     with pytest.raises(ValueError, match=r"seen must list corruptions of primitives\.corruptions"):
-        exp.Config(seen=("snow",))  # digits: only the implemented corruptions
+        exp.Config(eval=exp.EvalSection(seen=("snow",)))  # digits: only the implemented corruptions
     with pytest.raises(ValueError, match="dataset must be one of"):
-        exp.Config(dataset="imagenet")
+        exp.Config(data=exp.DataSection(dataset="imagenet"))
     with pytest.raises(ValueError, match="cifar_test must be >= 1; got 0"):
-        exp.Config(cifar_test=0)
+        exp.Config(data=exp.DataSection(cifar_test=0))
     c = exp.EXPERIMENT.config("paper")
-    assert c.dataset == "cifar10" and len(c.seen) == 15 and "snow" in c.seen and "spatter" in c.held_out
+    assert c.data.dataset == "cifar10" and len(c.eval.seen) == 15 and "snow" in c.eval.seen
+    assert "spatter" in c.eval.held_out
     assert exp.cnn_config(c).in_channels == 3 and exp.vit_config(c, 32).channels == 3
 
 
@@ -153,8 +158,10 @@ def test_cifar10_without_tfds_names_the_data_extra(monkeypatch):
 
 def test_cifar10_run_on_mock_cifar10_c(mocked_tfds, tmp_path):
     """The paper preset's data path end to end at smoke size on TFDS's mock CIFAR-10 / CIFAR-10-C."""
-    c = dataclasses.replace(exp.EXPERIMENT.config("smoke"), dataset="cifar10", data_dir=str(tmp_path / "tfds"),
-                            seen=("snow", "glass_blur"), held_out=("spatter",), cnn_train_steps=2, batch_size=4)
+    smoke = exp.EXPERIMENT.config("smoke")
+    c = dataclasses.replace(smoke, data=exp.DataSection(dataset="cifar10", data_dir=str(tmp_path / "tfds")),
+                            eval=dataclasses.replace(smoke.eval, seen=("snow", "glass_blur"), held_out=("spatter",)),
+                            cnn=dataclasses.replace(smoke.cnn, train_steps=2), batch_size=4)
     train, (xte, yte) = exp._data(c)
     assert train[0].shape == (6, 32, 32, 3) and train[0].dtype == np.float32 and xte.shape == (6, 32, 32, 3)
     sets, corrupted = exp.corrupted_sets(c, xte, tmp_path)
