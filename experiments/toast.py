@@ -9,7 +9,7 @@ Setup (CPU scale, nothing downloaded; the spec's reproduction plan (d)):
 
   1. Data: scikit-learn's bundled 8x8 digits upsampled to 16x16 (`experiments.tasks.load_digits`,
      stratified 1347 / 450 split), patches of 4 -> 16 patches + a class token; training batches
-     can be shifted by up to `augment_shift` pixels (zero padding; default 0: in a trial 1000 steps
+     can be shifted by up to `train.augment_shift` pixels (zero padding; default 0: in a trial 1000 steps
      reached 0.962 test accuracy without shifts and 0.949 with 2-pixel shifts). ``dataset="shapes"``
      is the spec's harder offline option, generated 32x32 shape images (`experiments.tasks.shapes`,
      six classes, 3000 / 600 images, 64 patches + class token). The `paper` preset reads CIFAR-10
@@ -18,22 +18,22 @@ Setup (CPU scale, nothing downloaded; the spec's reproduction plan (d)):
      4-pixel shifts.
   2. Dense ViT (`models.vit`) trained once through `algorithms.training.fit` with an orbax
      checkpoint in `<workdir>/train` (a rerun resumes / reuses it).
-  3. SCWP study: head sparsities `sparsities` x {gm, l1, l2 score with coupled masks; gm with
-     q_only / average (uncoupled) masks}, zero-shot (masked form), and at `finetune_sparsities`
-     after `finetune_steps` fine-tuning steps (folded form, `toast.finetune`). One-block-at-a-time
-     SCWP at `block_probe_sparsity` measures each block's sensitivity (spec: block 0 most sensitive).
-  4. TCS study (training-free, on the dense model): fc2 ratio r2 in `tcs_ratios` on the last
-     `tcs_last_blocks` blocks, with the TCS score, magnitude-only scores (lambda = 1, patches
+  3. SCWP study: head sparsities `scwp.sparsities` x {gm, l1, l2 score with coupled masks; gm with
+     q_only / average (uncoupled) masks}, zero-shot (masked form), and at `scwp.finetune_sparsities`
+     after `finetune.steps` fine-tuning steps (folded form, `toast.finetune`). One-block-at-a-time
+     SCWP at `scwp.block_probe_sparsity` measures each block's sensitivity (spec: block 0 most sensitive).
+  4. TCS study (training-free, on the dense model): fc2 ratio r2 in `tcs.ratios` on the last
+     `tcs.last_blocks` blocks, with the TCS score, magnitude-only scores (lambda = 1, patches
      weighted uniformly), random channels (fresh per batch) and static channels (chosen once from
-     `calibration_size` training images by the TCS importance with every patch); all four keep the
+     `tcs.calibration_size` training images by the TCS importance with every patch); all four keep the
      same channel counts, so their MACs are equal by construction. A back-loaded schedule (last
      blocks) is compared with a front-loaded one (blocks 1..k) at the same ratio and MACs.
-  5. Comparison at equal MACs: ToaSt (SCWP gm/coupled at `toast_sparsity` + TCS r2 =
-     `toast_fc2_ratio` on the last `tcs_last_blocks` blocks, fine-tuned with TCS active) against
+  5. Comparison at equal MACs: ToaSt (SCWP gm/coupled at `toast.sparsity` + TCS r2 =
+     `toast.fc2_ratio` on the last `tcs.last_blocks` blocks, fine-tuned with TCS active) against
      magnitude pruning (L1 head dims + static L1 FFN units at the widths `toast.ffn_widths_matching`
      gives), random pruning (same widths), EViT-style token pruning after one block (the latest block
-     whose plan matches ToaSt's MACs within `token_match_tolerance`, `toast.match_token_keep`), each
-     fine-tuned for the same `finetune_steps`; and the dense model fine-tuned for the same steps (the
+     whose plan matches ToaSt's MACs within `toast.token_match_tolerance`, `toast.match_token_keep`), each
+     fine-tuned for the same `finetune.steps`; and the dense model fine-tuned for the same steps (the
      spec: ToaSt's gains over the dense baselines may come from the extra fine-tuning). Every MACs
      number is `toast.count_macs`.
   6. Speed (issue 26): every fine-tuning goes through `toast.finetune` without a workdir, whose jitted
@@ -67,7 +67,10 @@ Recipe:
     python -m experiments run toast --preset quick   # 2 CPU cores, a few minutes
     python -m experiments run toast --preset paper   # CIFAR-10 (TFDS), depth 6 (the spec's model),
                                                      # more steps, every sparsity fine-tuned
-    python -m experiments run toast --preset paper --data-dir gs://bucket/tensorflow_datasets
+    python -m experiments run toast --preset paper --data.data-dir gs://bucket/tensorflow_datasets
+    python -m experiments run toast --preset smoke --finetune.steps 4   # one field of a config section
+
+Config sections (`run toast --help` lists every field): data, model, train, finetune, scwp, tcs, toast, eval.
 """
 
 from __future__ import annotations
@@ -100,10 +103,9 @@ UNCOUPLED = ("q_only", "average")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """toast settings (every field can be overridden on the command line)."""
+class DataSection:
+    """The images (``--data.dataset shapes``; ``cifar10`` reads TFDS, see the module docstring)."""
 
-    # data and model
     dataset: str = "digits"  # "digits" (8x8 upsampled), "shapes" (experiments.tasks.shapes) or "cifar10" (TFDS)
     upsample: int = 2  # 8x8 digits -> 16x16
     shapes_size: int = 32
@@ -112,86 +114,152 @@ class Config:
     data_dir: str = ""  # cifar10: where TFDS's prepared CIFAR-10 lives ("" = TFDS's default)
     cifar_train: int = 50000  # cifar10: the first this many training images
     cifar_test: int = 10000  # cifar10: the first this many test images
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    """The dense ViT (``--model.d-model 128``)."""
+
     patch_size: int = 4
-    augment_shift: int = 0  # random shift (pixels, zero padding) of training images; 0 = none
     d_model: int = 64
     num_heads: int = 4
     d_ff: int = 256
     num_layers: int = 4
-    # dense training
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """Dense training (``--train.steps 2000``)."""
+
     batch_size: int = 64
-    train_steps: int = 1000
+    steps: int = 1000
     learning_rate: float = 2e-3
     weight_decay: float = 0.05
-    # fine-tuning (every fine-tuned model gets the same steps)
-    finetune_steps: int = 80
-    finetune_lr: float = 5e-4
-    # SCWP study
+    augment_shift: int = 0  # random shift (pixels, zero padding) of training images; 0 = none
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FinetuneSection:
+    """Fine-tuning: every fine-tuned model gets the same steps (``--finetune.steps 200``)."""
+
+    steps: int = 80
+    lr: float = 5e-4
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SCWPSection:
+    """The SCWP study (``--scwp.sparsities 50 87.5``)."""
+
     sparsities: tuple[float, ...] = (25.0, 50.0, 75.0, 87.5)
     finetune_sparsities: tuple[float, ...] = (87.5,)
     scores: tuple[str, ...] = ("gm", "l1", "l2")
     couplings: tuple[str, ...] = UNCOUPLED
     block_probe_sparsity: float = 87.5
-    # TCS study and ToaSt
-    tcs_ratios: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)
-    tcs_last_blocks: int = 2
-    tcs_sample_ratio: float = 0.2  # 16 patches -> 3 sampled, as rho = 0.02 samples 3 of DeiT's 196
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TCSSection:
+    """The TCS study (``--tcs.ratios 0.5 0.9``)."""
+
+    ratios: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)
+    last_blocks: int = 2
+    sample_ratio: float = 0.2  # 16 patches -> 3 sampled, as rho = 0.02 samples 3 of DeiT's 196
     calibration_size: int = 256
-    toast_sparsity: float = 87.5
-    toast_fc2_ratio: float = 0.9
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ToaStSection:
+    """ToaSt itself (SCWP + TCS) and its equal-MACs baselines (``--toast.sparsity 75``)."""
+
+    sparsity: float = 87.5
+    fc2_ratio: float = 0.9
     token_match_tolerance: float = 0.02
-    # evaluation
-    eval_batch_cap: int = 128  # batches of the largest divisor of the test size <= this (TCS selects per batch)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """Evaluation (``--eval.se-multiple 2``)."""
+
+    batch_cap: int = 128  # batches of the largest divisor of the test size <= this (TCS selects per batch)
     se_multiple: float = 2.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """toast settings, in sections overridden on the command line as ``--finetune.steps 200``."""
+
+    data: DataSection = DataSection()
+    model: ModelSection = ModelSection()
+    train: TrainSection = TrainSection()
+    finetune: FinetuneSection = FinetuneSection()
+    scwp: SCWPSection = SCWPSection()
+    tcs: TCSSection = TCSSection()
+    toast: ToaStSection = ToaStSection()
+    eval: EvalSection = EvalSection()
     seed: int = 0
     progress: bool = True
 
     def __post_init__(self):
-        if self.dataset not in DATASETS:
-            raise ValueError(f"dataset must be one of {DATASETS}; got {self.dataset!r}")
+        err, d, w, t = registry.ConfigError, self.data, self.scwp, self.tcs
+        if d.dataset not in DATASETS:
+            raise err("data.dataset", f"must be one of {DATASETS}; got {d.dataset!r}")
         for name in ("cifar_train", "cifar_test"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
-        if self.toast_sparsity not in self.sparsities:
-            raise ValueError(f"toast_sparsity={self.toast_sparsity} must be one of sparsities={self.sparsities}")
-        missing = [s for s in self.finetune_sparsities if s not in self.sparsities]
+            if getattr(d, name) < 1:
+                raise err(f"data.{name}", f"must be >= 1; got {getattr(d, name)}")
+        if self.toast.sparsity not in w.sparsities:
+            raise err("toast.sparsity", f"must be one of scwp.sparsities={w.sparsities}; got {self.toast.sparsity}")
+        missing = [s for s in w.finetune_sparsities if s not in w.sparsities]
         if missing:
-            raise ValueError(f"finetune_sparsities must be a subset of sparsities={self.sparsities}; extra {missing}")
-        if not 1 <= self.tcs_last_blocks < self.num_layers:
-            raise ValueError(f"tcs_last_blocks must lie in [1, num_layers={self.num_layers}); got "
-                             f"{self.tcs_last_blocks}")
-        if "gm" not in self.scores:
-            raise ValueError(f"scores must include 'gm' (ToaSt's score); got {self.scores}")
-        bad = [c for c in self.couplings if c not in toast.COUPLINGS or c == "coupled"]
+            raise err("scwp.finetune_sparsities", f"must be a subset of scwp.sparsities={w.sparsities}; "
+                                                  f"extra {missing}")
+        if not 1 <= t.last_blocks < self.model.num_layers:
+            raise err("tcs.last_blocks", f"must lie in [1, model.num_layers={self.model.num_layers}); got "
+                                         f"{t.last_blocks}")
+        if "gm" not in w.scores:
+            raise err("scwp.scores", f"must include 'gm' (ToaSt's score); got {w.scores}")
+        bad = [c for c in w.couplings if c not in toast.COUPLINGS or c == "coupled"]
         if bad:
-            raise ValueError(f"couplings lists the uncoupled ablations of toast.COUPLINGS; got {bad}")
+            raise err("scwp.couplings", f"lists the uncoupled ablations of toast.COUPLINGS; got {bad}")
+
+
+# The flat names the fingerprints and caches were keyed by before the config had sections (kept, so that
+# existing checkpoints and caches stay valid): flat name -> (section, field).
+_FLAT = {**{n: ("data", n) for n in ("dataset", "upsample", "shapes_size", "shapes_train", "shapes_test",
+                                      "data_dir", "cifar_train", "cifar_test")},
+         **{n: ("model", n) for n in ("patch_size", "d_model", "num_heads", "d_ff", "num_layers")},
+         "batch_size": ("train", "batch_size"), "train_steps": ("train", "steps"),
+         "learning_rate": ("train", "learning_rate"), "weight_decay": ("train", "weight_decay"),
+         "augment_shift": ("train", "augment_shift"), "finetune_steps": ("finetune", "steps"),
+         "finetune_lr": ("finetune", "lr"), "tcs_sample_ratio": ("tcs", "sample_ratio"),
+         "eval_batch_cap": ("eval", "batch_cap"), "seed": ("", "seed")}
 
 
 # ------------------------------------------------------------------ data and model
 
 
 def _data(c: Config):
-    if c.dataset == "cifar10":  # needs the [data] extra and a prepared CIFAR-10 (experiments.data)
-        kw = dict(data_dir=c.data_dir or None)
-        return (cifar10_images("train", max_examples=c.cifar_train, **kw),
-                cifar10_images("test", max_examples=c.cifar_test, **kw))
-    if c.dataset == "shapes":
-        return shapes.load_shapes(num_train=c.shapes_train, num_test=c.shapes_test, size=c.shapes_size, seed=c.seed)
+    if c.data.dataset == "cifar10":  # needs the [data] extra and a prepared CIFAR-10 (experiments.data)
+        kw = dict(data_dir=c.data.data_dir or None)
+        return (cifar10_images("train", max_examples=c.data.cifar_train, **kw),
+                cifar10_images("test", max_examples=c.data.cifar_test, **kw))
+    if c.data.dataset == "shapes":
+        d = c.data
+        return shapes.load_shapes(num_train=d.shapes_train, num_test=d.shapes_test, size=d.shapes_size, seed=c.seed)
     (xtr, ytr), (xte, yte) = load_digits(seed=c.seed)
-    up = lambda x: np.repeat(np.repeat(x, c.upsample, 1), c.upsample, 2)  # noqa: E731
+    up = lambda x: np.repeat(np.repeat(x, c.data.upsample, 1), c.data.upsample, 2)  # noqa: E731
     return (up(xtr), ytr), (up(xte), yte)
 
 
 def _batch_fn(c: Config, images: np.ndarray, labels: np.ndarray, offset: int):
     """position -> a deterministic augmented batch (random rows, random shifts up to augment_shift)."""
-    s = c.augment_shift
+    s = c.train.augment_shift
     padded = np.pad(images, ((0, 0), (s, s), (s, s), (0, 0))) if s else images
     size = images.shape[1]
 
     def batch(position: int) -> dict:
         rng = np.random.default_rng([c.seed, offset, int(position)])
-        idx = rng.integers(0, images.shape[0], c.batch_size)
-        dy, dx = rng.integers(0, 2 * s + 1, (2, c.batch_size))
+        idx = rng.integers(0, images.shape[0], c.train.batch_size)
+        dy, dx = rng.integers(0, 2 * s + 1, (2, c.train.batch_size))
         x = np.stack([padded[i, y:y + size, z:z + size] for i, y, z in zip(idx, dy, dx)])
         return {"image": x.astype(np.float32), "label": labels[idx]}
 
@@ -200,15 +268,17 @@ def _batch_fn(c: Config, images: np.ndarray, labels: np.ndarray, offset: int):
 
 def vit_config(c: Config, image_size: int) -> ViTConfig:
     """The dense ViT's config for `c` on square images of side `image_size`."""
-    num_classes = shapes.NUM_CLASSES if c.dataset == "shapes" else 10
-    return ViTConfig(image_size=image_size, patch_size=c.patch_size, channels=3 if c.dataset == "cifar10" else 1,
-                     num_classes=num_classes, d_model=c.d_model, num_heads=c.num_heads, d_ff=c.d_ff,
-                     num_layers=c.num_layers)
+    num_classes = shapes.NUM_CLASSES if c.data.dataset == "shapes" else 10
+    channels = 3 if c.data.dataset == "cifar10" else 1
+    return ViTConfig(image_size=image_size, patch_size=c.model.patch_size, channels=channels,
+                     num_classes=num_classes, d_model=c.model.d_model, num_heads=c.model.num_heads, d_ff=c.model.d_ff,
+                     num_layers=c.model.num_layers)
 
 
 def _fingerprint(c: Config, *names: str) -> str:
-    names += _CIFAR_FIELDS if c.dataset == "cifar10" else ()
-    return json.dumps({n: getattr(c, n) for n in names}, sort_keys=True)
+    names += _CIFAR_FIELDS if c.data.dataset == "cifar10" else ()
+    value = lambda n: getattr(getattr(c, _FLAT[n][0]) if _FLAT[n][0] else c, _FLAT[n][1])  # noqa: E731
+    return json.dumps({n: value(n) for n in names}, sort_keys=True)
 
 
 # CIFAR-10's sizes join the fingerprints only on that dataset, so digits / shapes checkpoints stay valid.
@@ -220,18 +290,18 @@ _FT_FIELDS = _TRAIN_FIELDS + ("finetune_steps", "finetune_lr")
 
 def train_dense(c: Config, train, image_size: int, workdir: pathlib.Path):
     """Trains the dense ViT through `fit`, checkpointing in `workdir/train` (a rerun resumes or reuses it)."""
-    opt = OptimizerConfig(learning_rate=c.learning_rate, warmup_steps=max(1, c.train_steps // 10),
-                          total_steps=c.train_steps, weight_decay=c.weight_decay)
+    opt = OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=max(1, c.train.steps // 10),
+                          total_steps=c.train.steps, weight_decay=c.train.weight_decay)
     cfg = vit_config(c, image_size)
     return fit(model_fn=lambda rngs: ViT(cfg, rngs=rngs), optimizer_config=opt,
-               batch_fn=_batch_fn(c, *train, offset=0), num_steps=c.train_steps, loss_fn=classification_loss,
-               workdir=workdir / "train", seed=c.seed, log_every=max(1, c.train_steps // 10), progress=c.progress,
+               batch_fn=_batch_fn(c, *train, offset=0), num_steps=c.train.steps, loss_fn=classification_loss,
+               workdir=workdir / "train", seed=c.seed, log_every=max(1, c.train.steps // 10), progress=c.progress,
                desc="toast dense ViT", fingerprint=_fingerprint(c, *_TRAIN_FIELDS))
 
 
 def _ft_opt(c: Config) -> OptimizerConfig:
-    return OptimizerConfig(learning_rate=c.finetune_lr, warmup_steps=max(1, c.finetune_steps // 10),
-                           total_steps=c.finetune_steps, weight_decay=c.weight_decay)
+    return OptimizerConfig(learning_rate=c.finetune.lr, warmup_steps=max(1, c.finetune.steps // 10),
+                           total_steps=c.finetune.steps, weight_decay=c.train.weight_decay)
 
 
 # ------------------------------------------------------------------ evaluation
@@ -294,11 +364,11 @@ def binomial_se(p: float, n: int) -> float:
 
 
 def _tcs(c: Config, num_layers: int, ratio: float, layers) -> toast.TCSConfig:
-    return toast.TCSConfig.uniform(num_layers, fc2=ratio, layers=tuple(layers), sample_ratio=c.tcs_sample_ratio)
+    return toast.TCSConfig.uniform(num_layers, fc2=ratio, layers=tuple(layers), sample_ratio=c.tcs.sample_ratio)
 
 
 def _last_blocks(c: Config) -> tuple[int, ...]:
-    return tuple(range(c.num_layers - c.tcs_last_blocks, c.num_layers))
+    return tuple(range(c.model.num_layers - c.tcs.last_blocks, c.model.num_layers))
 
 
 def _magnitude_hook(tcs: toast.TCSConfig, key):
@@ -373,7 +443,7 @@ def _pruned_config(cfg: ViTConfig, masks: toast.HeadMasks) -> ViTConfig:
 
 
 def _variants(c: Config) -> list[tuple[str, str]]:
-    return [(s, "coupled") for s in c.scores] + [("gm", cp) for cp in c.couplings]
+    return [(s, "coupled") for s in c.scwp.scores] + [("gm", cp) for cp in c.scwp.couplings]
 
 
 def _label(score: str, coupling: str) -> str:
@@ -402,37 +472,37 @@ class _Cache:
 def scwp_study(c: Config, dense: ViT, ev: _Evaluator, cache: _Cache, ft_batch) -> dict:
     cfg = dense.config
     zero, macs, finetuned = {}, {}, {}
-    for s in c.sparsities:
+    for s in c.scwp.sparsities:
         for score, coupling in _variants(c):
             masks = toast.scwp_masks(dense, s, score=score, coupling=coupling)
             lab = _label(score, coupling)
             zero.setdefault(lab, {})[s] = float(ev.correct(toast.mask_attention(dense, masks)).mean())
             macs[s] = toast.count_macs(_pruned_config(cfg, masks)).total
-    for s in c.finetune_sparsities:
+    for s in c.scwp.finetune_sparsities:
         for score, coupling in _variants(c):
             def compute(score=score, coupling=coupling):
                 model, _ = toast.scwp(dense, s, score=score, coupling=coupling)
-                tuned, _ = toast.finetune(model, batch_fn=ft_batch, num_steps=c.finetune_steps,
-                                         optimizer_config=_ft_opt(c), log_every=c.finetune_steps, progress=False)
+                tuned, _ = toast.finetune(model, batch_fn=ft_batch, num_steps=c.finetune.steps,
+                                         optimizer_config=_ft_opt(c), log_every=c.finetune.steps, progress=False)
                 return ev.correct(tuned)
 
             finetuned.setdefault(_label(score, coupling), {})[s] = cache.get(f"scwp_{score}_{coupling}_{s:g}", compute)
     # Block sensitivity: SCWP (gm / coupled) of one block at a time, zero-shot.
     block = []
-    for l in range(c.num_layers):
-        sp = [c.block_probe_sparsity if i == l else 0.0 for i in range(c.num_layers)]
+    for l in range(c.model.num_layers):
+        sp = [c.scwp.block_probe_sparsity if i == l else 0.0 for i in range(c.model.num_layers)]
         masks = toast.scwp_masks(dense, sp, skip_first_block=False)
         block.append(float(ev.correct(toast.mask_attention(dense, masks)).mean()))
     return {"zero_shot": zero, "macs": macs, "finetuned": finetuned, "block_accuracy": block}
 
 
 def tcs_study(c: Config, dense: ViT, ev: _Evaluator, calibration: np.ndarray) -> dict:
-    L = c.num_layers
+    L = c.model.num_layers
     last = _last_blocks(c)
     widths = {l: dense.config.layer_d_ff(l) for l in last}
     out = {m: {} for m in ("TCS", "magnitude-only", "random", "static")}
     macs = {}
-    for r in c.tcs_ratios:
+    for r in c.tcs.ratios:
         tcs = _tcs(c, L, r, last)
         macs[r] = toast.count_macs(dense.config, tcs=tcs).total
         out["TCS"][r] = ev.correct(dense, tag=f"tcs{tcs}", make_hook=lambda key, _, t=tcs: toast.tcs_hook(t, key))
@@ -446,8 +516,8 @@ def tcs_study(c: Config, dense: ViT, ev: _Evaluator, calibration: np.ndarray) ->
         out["static"][r] = ev.correct(dense, tag="maskdata", make_hook=lambda key, d: _mask_hook(d),
                                       data_fn=lambda i, static=static: static)
     # Layer sensitivity: the same ratio and MACs on the first blocks after block 0.
-    r = max(c.tcs_ratios)
-    front = tuple(range(1, 1 + c.tcs_last_blocks))
+    r = max(c.tcs.ratios)
+    front = tuple(range(1, 1 + c.tcs.last_blocks))
     tcs_front = _tcs(c, L, r, front)
     front_correct = ev.correct(dense, tag=f"tcs{tcs_front}", make_hook=lambda key, _: toast.tcs_hook(tcs_front, key))
     return {"correct": out, "macs": macs, "front_correct": front_correct, "front_blocks": front,
@@ -456,18 +526,18 @@ def tcs_study(c: Config, dense: ViT, ev: _Evaluator, calibration: np.ndarray) ->
 
 def comparison_study(c: Config, dense: ViT, ev: _Evaluator, cache: _Cache, ft_batch) -> dict:
     cfg = dense.config
-    tcs = _tcs(c, c.num_layers, c.toast_fc2_ratio, _last_blocks(c))
-    pruned, _ = toast.scwp(dense, c.toast_sparsity)
+    tcs = _tcs(c, c.model.num_layers, c.toast.fc2_ratio, _last_blocks(c))
+    pruned, _ = toast.scwp(dense, c.toast.sparsity)
     toast_macs = toast.count_macs(pruned.config, tcs=tcs).total
     widths = toast.ffn_widths_matching(cfg, tcs)
-    mag = toast.magnitude_prune(dense, c.toast_sparsity, ffn_widths=widths)
-    rnd = toast.random_prune(dense, jax.random.key(c.seed + 11), c.toast_sparsity, ffn_widths=widths)
-    token_layer, plan = choose_token_plan(cfg, toast_macs, c.token_match_tolerance)
+    mag = toast.magnitude_prune(dense, c.toast.sparsity, ffn_widths=widths)
+    rnd = toast.random_prune(dense, jax.random.key(c.seed + 11), c.toast.sparsity, ffn_widths=widths)
+    token_layer, plan = choose_token_plan(cfg, toast_macs, c.toast.token_match_tolerance)
     opt = _ft_opt(c)
 
     def tune(model, **kw):
-        return toast.finetune(model, batch_fn=ft_batch, num_steps=c.finetune_steps, optimizer_config=opt,
-                              log_every=c.finetune_steps, progress=False, **kw)[0]
+        return toast.finetune(model, batch_fn=ft_batch, num_steps=c.finetune.steps, optimizer_config=opt,
+                              log_every=c.finetune.steps, progress=False, **kw)[0]
 
     def token_tune():
         return ev.correct(tune(dense, tokens_after=plan), tag=f"tokens{plan}", token_hook=toast.token_pruning_hook(plan))
@@ -525,12 +595,12 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     image_size = train[0].shape[1]
     result = train_dense(c, train, image_size, workdir)
     dense = result.model()
-    ev = _Evaluator(xte, yte, c.eval_batch_cap, c.seed)
+    ev = _Evaluator(xte, yte, c.eval.batch_cap, c.seed)
     cache = _Cache(c, workdir)
     ft_batch = _batch_fn(c, *train, offset=1)
-    calibration = train[0][np.random.default_rng([c.seed, 3]).permutation(train[0].shape[0])[:c.calibration_size]]
+    calibration = train[0][np.random.default_rng([c.seed, 3]).permutation(train[0].shape[0])[:c.tcs.calibration_size]]
     n = xte.shape[0]
-    k = c.se_multiple
+    k = c.eval.se_multiple
 
     dense_correct = ev.correct(dense)
     dense_macs = toast.count_macs(dense.config).total
@@ -559,13 +629,13 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
             continue
         ch, st = _ge_check(f"SCWP after fine-tuning: gm/coupled minus {lab}", ref, _pooled(ft[lab]),
                            "coupled gm >= uncoupled and >= l1/l2 (official defaults)", k,
-                           note=f"sparsities {','.join(f'{s:g}' for s in c.finetune_sparsities)}")
+                           note=f"sparsities {','.join(f'{s:g}' for s in c.scwp.finetune_sparsities)}")
         checks.append(ch)
         stats[f"scwp_gm_coupled_minus_{lab}"] = st
     tc = tcs["correct"]
     for other in ("random", "static"):
         ch, st = _ge_check(f"TCS minus {other} channels at equal MACs", _pooled(tc["TCS"]), _pooled(tc[other]),
-                           "TCS >> random, >= static", k, note=f"r2 {','.join(f'{r:g}' for r in c.tcs_ratios)}")
+                           "TCS >> random, >= static", k, note=f"r2 {','.join(f'{r:g}' for r in c.tcs.ratios)}")
         checks.append(ch)
         stats[f"tcs_minus_{other}"] = st
     d, se = paired(_pooled(tc["TCS"]), _pooled(tc["random"]))
@@ -592,28 +662,30 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     stats["tcs_back_minus_front"] = st
 
     accs = {m: acc(v) for m, v in cc.items()}
-    context = (f"ViT depth {c.num_layers}, D={c.d_model}, {c.num_heads} heads, {c.dataset} {image_size}x{image_size}, "
-               f"{n} test images; dense {acc(dense_correct):.3f} at {dense_macs:,} MACs after {c.train_steps} steps; "
-               f"every fine-tuned model {c.finetune_steps} steps. ToaSt = SCWP {c.toast_sparsity:g}% + TCS r2="
-               f"{c.toast_fc2_ratio:g} on blocks {list(_last_blocks(c))}: " + ", ".join(
+    context = (f"ViT depth {c.model.num_layers}, D={c.model.d_model}, {c.model.num_heads} heads, {c.data.dataset} "
+               f"{image_size}x{image_size}, "
+               f"{n} test images; dense {acc(dense_correct):.3f} at {dense_macs:,} MACs after {c.train.steps} steps; "
+               f"every fine-tuned model {c.finetune.steps} steps. ToaSt = SCWP {c.toast.sparsity:g}% + TCS r2="
+               f"{c.toast.fc2_ratio:g} on blocks {list(_last_blocks(c))}: " + ", ".join(
                    f"{m} {a:.3f} ({cm[m] / dense_macs:.0%} MACs)" for m, a in accs.items())
                + f"; token pruning after block {comp['token_layer']}. TCS sweep (zero-shot): " + "; ".join(
-                   f"r2={r:g}: " + "/".join(f"{acc(tc[m][r]):.3f}" for m in tc) for r in c.tcs_ratios)
+                   f"r2={r:g}: " + "/".join(f"{acc(tc[m][r]):.3f}" for m in tc) for r in c.tcs.ratios)
                + " (TCS/magnitude-only/random/static)")
     failing = [ch.name for ch in checks if ch.required and not ch.passed]
     text, reproduced = verdict(
         checks, claim="SCWP + TCS keep accuracy at a large MACs cut and beat magnitude, random and token pruning "
         "at equal MACs; coupled gm scores and TCS beat their ablations", context=context,
-        cause=(f"a {c.num_layers}-block ViT trained {c.train_steps} steps on {train[0].shape[0]} {c.dataset} images, a "
+        cause=(f"a {c.model.num_layers}-block ViT trained {c.train.steps} steps on {train[0].shape[0]} {c.data.dataset} "
+               f"images, a "
                f"{n}-image test set and "
-               f"{c.finetune_steps} fine-tuning steps; failing: {'; '.join(failing)}" if failing else ""),
+               f"{c.finetune.steps} fine-tuning steps; failing: {'; '.join(failing)}" if failing else ""),
         cause_class="scale" if failing else None)
 
     def curves(d):
         return {str(k2): acc(v) for k2, v in d.items()}
 
     metrics = {
-        "dataset": c.dataset, "dense_accuracy": acc(dense_correct), "dense_macs": dense_macs, "test_size": n,
+        "dataset": c.data.dataset, "dense_accuracy": acc(dense_correct), "dense_macs": dense_macs, "test_size": n,
         "train_final_loss": result.history[-1]["loss"] if result.history else None,
         "toast_macs_cut": cut, "accuracy_tolerance": tol,
         "comparison": {m: {"accuracy": accs[m], "macs": cm[m]} for m in cc},
@@ -672,7 +744,7 @@ def _plot_accuracy_macs(m: Mapping[str, Any], c: Config, workdir: pathlib.Path) 
                    label=meth + (" (FT)" if meth in ("ToaSt", "magnitude pruning", "random pruning", "token pruning")
                                  else ""))
     ax.set(xlabel="MACs / dense MACs (toast.count_macs)", ylabel="test accuracy",
-           title=f"ToaSt on {m['dataset']}: accuracy vs MACs ({c.finetune_steps} fine-tuning steps each)")
+           title=f"ToaSt on {m['dataset']}: accuracy vs MACs ({c.finetune.steps} fine-tuning steps each)")
     ax.grid(alpha=0.3)
     plotting.legend(ax, fontsize=6, ncol=2, loc="lower right")
     return report.savefig(fig, workdir / "accuracy_vs_macs.png")
@@ -686,13 +758,13 @@ def _plot_tcs(m: Mapping[str, Any], c: Config, workdir: pathlib.Path) -> str:
     ax1.scatter([f["ratio"]], [f["accuracy"]], marker="x", color="k", s=60, zorder=5,
                 label=f"TCS front-loaded (blocks {f['blocks']})")
     ax1.axhline(m["dense_accuracy"], color="gray", ls=":", label="dense")
-    ax1.set(xlabel=f"fc2 channel ratio r2 dropped (last {c.tcs_last_blocks} blocks)", ylabel="test accuracy",
+    ax1.set(xlabel=f"fc2 channel ratio r2 dropped (last {c.tcs.last_blocks} blocks)", ylabel="test accuracy",
             title="TCS ratio sweep on the dense model (equal MACs per ratio)")
     plotting.legend(ax1, fontsize=7)
     ax2.bar(range(len(m["block_accuracy"])), m["block_accuracy"], color="C0")
     ax2.axhline(m["dense_accuracy"], color="gray", ls=":")
     ax2.set(xlabel="block pruned alone", ylabel="zero-shot accuracy",
-            title=f"SCWP block sensitivity ({c.block_probe_sparsity:g}% head sparsity)",
+            title=f"SCWP block sensitivity ({c.scwp.block_probe_sparsity:g}% head sparsity)",
             ylim=(max(0.0, min(m["block_accuracy"]) - 0.1), 1.0))
     return report.savefig(fig, workdir / "tcs_sweep.png")
 
@@ -701,17 +773,20 @@ EXPERIMENT = registry.Experiment(
     slug="toast",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(d_model=16, num_heads=2, d_ff=32, num_layers=2, batch_size=16, train_steps=4,
-                                finetune_steps=2, sparsities=(50.0,), finetune_sparsities=(50.0,), scores=("gm",),
-                                couplings=("q_only",), block_probe_sparsity=50.0, tcs_ratios=(0.5,),
-                                tcs_last_blocks=1, calibration_size=32, toast_sparsity=50.0, toast_fc2_ratio=0.5,
-                                progress=False),
+        "smoke": lambda: Config(model=ModelSection(d_model=16, num_heads=2, d_ff=32, num_layers=2),
+                                train=TrainSection(batch_size=16, steps=4), finetune=FinetuneSection(steps=2),
+                                scwp=SCWPSection(sparsities=(50.0,), finetune_sparsities=(50.0,), scores=("gm",),
+                                                 couplings=("q_only",), block_probe_sparsity=50.0),
+                                tcs=TCSSection(ratios=(0.5,), last_blocks=1, calibration_size=32),
+                                toast=ToaStSection(sparsity=50.0, fc2_ratio=0.5), progress=False),
         "quick": lambda: Config(),
         # CIFAR-10 (50000 / 10000, TFDS): 64 patches, so rho = 0.05 samples 3 patches as DeiT's 0.02 of 196.
-        "paper": lambda: Config(dataset="cifar10", augment_shift=4, d_model=128, d_ff=512, num_layers=6,
-                                batch_size=128, train_steps=20000, finetune_steps=1000,
-                                finetune_sparsities=(25.0, 50.0, 75.0, 87.5), tcs_last_blocks=3,
-                                tcs_sample_ratio=0.05, calibration_size=512),
+        "paper": lambda: Config(data=DataSection(dataset="cifar10"),
+                                model=ModelSection(d_model=128, d_ff=512, num_layers=6),
+                                train=TrainSection(batch_size=128, steps=20000, augment_shift=4),
+                                finetune=FinetuneSection(steps=1000),
+                                scwp=SCWPSection(finetune_sparsities=(25.0, 50.0, 75.0, 87.5)),
+                                tcs=TCSSection(last_blocks=3, sample_ratio=0.05, calibration_size=512)),
     },
     run=run,
 )

@@ -58,7 +58,8 @@ def test_baselines_match_toast_macs():
     FFN unit of rounding per layer; the TCS study's four channel choices keep equal counts."""
     cfg = _cfg(d_model=32, num_heads=4, d_ff=128, num_layers=4)
     model = ViT(cfg, rngs=nnx.Rngs(0))
-    c = exp.Config(d_model=32, num_heads=4, d_ff=128, num_layers=4, tcs_last_blocks=2)
+    c = exp.Config(model=exp.ModelSection(d_model=32, num_heads=4, d_ff=128, num_layers=4),
+                   tcs=exp.TCSSection(last_blocks=2))
     tcs = exp._tcs(c, cfg.num_layers, 0.9, exp._last_blocks(c))
     pruned, _ = toast.scwp(model, 75.0)
     target = toast.count_macs(pruned.config, tcs=tcs).total
@@ -81,7 +82,8 @@ def test_baselines_match_toast_macs():
 def test_static_masks_pick_the_top_tcs_importance_and_ratio_zero_keeps_all():
     cfg = _cfg()
     model = ViT(cfg, rngs=nnx.Rngs(3))
-    c = exp.Config(d_model=16, num_heads=2, d_ff=32, num_layers=3, tcs_last_blocks=1)
+    c = exp.Config(model=exp.ModelSection(d_model=16, num_heads=2, d_ff=32, num_layers=3),
+                   tcs=exp.TCSSection(last_blocks=1))
     x = np.random.default_rng(2).random((6, 16, 16, 1)).astype(np.float32)
     assert np.all(np.asarray(exp.static_channel_masks(model, x, (2,), 0.0, c)[2]) == 1.0)
     # Independent recomputation: block 2's FFN hidden activations from the intermediates.
@@ -101,23 +103,24 @@ def test_static_masks_pick_the_top_tcs_importance_and_ratio_zero_keeps_all():
 
 
 def test_config_rejects_bad_fields():
-    with pytest.raises(ValueError, match="toast_sparsity"):
-        exp.Config(toast_sparsity=60.0)
-    with pytest.raises(ValueError, match="tcs_last_blocks"):
-        exp.Config(tcs_last_blocks=4)
+    with pytest.raises(ValueError, match=r"toast\.sparsity must be one of scwp\.sparsities"):
+        exp.Config(toast=exp.ToaStSection(sparsity=60.0))
+    with pytest.raises(ValueError, match=r"tcs\.last_blocks must lie in \[1, model\.num_layers=4\)"):
+        exp.Config(tcs=exp.TCSSection(last_blocks=4))
     with pytest.raises(ValueError, match="couplings"):
-        exp.Config(couplings=("coupled",))
+        exp.Config(scwp=exp.SCWPSection(couplings=("coupled",)))
 
 
 def test_data_shapes_and_digits():
-    (xtr, ytr), (xte, yte) = exp._data(exp.Config(dataset="shapes", shapes_train=12, shapes_test=6))
+    shapes = exp.Config(data=exp.DataSection(dataset="shapes", shapes_train=12, shapes_test=6))
+    (xtr, ytr), (xte, yte) = exp._data(shapes)
     assert xtr.shape == (12, 32, 32, 1) and xte.shape == (6, 32, 32, 1)
-    assert exp.vit_config(exp.Config(dataset="shapes"), 32).num_classes == 6
+    assert exp.vit_config(exp.Config(data=exp.DataSection(dataset="shapes")), 32).num_classes == 6
     (xtr, ytr), _ = exp._data(exp.Config())
     assert xtr.shape[1:] == (16, 16, 1) and exp.vit_config(exp.Config(), 16).num_classes == 10
     # Nearest-neighbour upsampling: every 2x2 block repeats one digit pixel.
     assert np.array_equal(xtr[:, ::2, ::2], xtr[:, 1::2, 1::2])
-    batch = exp._batch_fn(exp.Config(batch_size=5), xtr, ytr, offset=0)
+    batch = exp._batch_fn(exp.Config(train=exp.TrainSection(batch_size=5)), xtr, ytr, offset=0)
     b1, b2 = batch(3), batch(3)
     assert b1["image"].shape == (5, 16, 16, 1) and np.array_equal(b1["image"], b2["image"])
 
@@ -126,14 +129,15 @@ def test_cifar10_config_and_missing_tfds(monkeypatch):
     import sys
 
     c = exp.EXPERIMENT.config("paper")
-    assert c.dataset == "cifar10" and exp.vit_config(c, 32).channels == 3
+    assert c.data.dataset == "cifar10" and exp.vit_config(c, 32).channels == 3
     with pytest.raises(ValueError, match="dataset must be one of"):
-        exp.Config(dataset="cifar100")
+        exp.Config(data=exp.DataSection(dataset="cifar100"))
     with pytest.raises(ValueError, match="cifar_train must be >= 1; got 0"):
-        exp.Config(cifar_train=0)
+        exp.Config(data=exp.DataSection(cifar_train=0))
     # digits checkpoints keep their fingerprint; CIFAR-10's sizes join it on that dataset only
     assert "cifar_train" not in exp._fingerprint(exp.Config(), *exp._TRAIN_FIELDS)
-    assert '"cifar_train": 500' in exp._fingerprint(exp.Config(dataset="cifar10", cifar_train=500), *exp._TRAIN_FIELDS)
+    cifar = exp.Config(data=exp.DataSection(dataset="cifar10", cifar_train=500))
+    assert '"cifar_train": 500' in exp._fingerprint(cifar, *exp._TRAIN_FIELDS)
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # makes `import tensorflow_datasets` fail
     with pytest.raises(ImportError, match=r"tensorflow-datasets.*\[data\]"):
         exp._data(c)
@@ -143,8 +147,10 @@ def test_cifar10_run_on_mock_data(mocked_tfds, tmp_path):
     """The paper preset's data path end to end at smoke size on TFDS's mock CIFAR-10 (RGB 32x32)."""
     import dataclasses
 
-    c = dataclasses.replace(exp.EXPERIMENT.config("smoke"), dataset="cifar10", data_dir=str(tmp_path / "tfds"),
-                            batch_size=4, calibration_size=4)
+    smoke = exp.EXPERIMENT.config("smoke")
+    c = dataclasses.replace(smoke, data=exp.DataSection(dataset="cifar10", data_dir=str(tmp_path / "tfds")),
+                            train=dataclasses.replace(smoke.train, batch_size=4),
+                            tcs=dataclasses.replace(smoke.tcs, calibration_size=4))
     (xtr, ytr), (xte, yte) = exp._data(c)
     assert xtr.shape == xte.shape == (6, 32, 32, 3) and xtr.dtype == np.float32 and xtr.max() <= 1.0
     out = exp.run(c, tmp_path / "run")
