@@ -274,7 +274,7 @@ for label, model in (("base", base), ("Dem-HEC", tuned["dem_hec"]), ("clean FT",
 # download=True)`, which needs TensorFlow for the image encoding) and pass their folder, local or `gs://`:
 #
 # ```
-# python -m experiments run toast --preset paper --data-dir gs://my-bucket/tensorflow_datasets
+# python -m experiments run toast --preset paper --data.data-dir gs://my-bucket/tensorflow_datasets
 # python -m experiments run dem_hec --preset paper --data.data-dir gs://my-bucket/tensorflow_datasets
 # ```
 #
