@@ -56,6 +56,9 @@ Recipe:
     python -m experiments run prim --preset smoke   # seconds, used by the tests
     python -m experiments run prim --preset quick   # 2 CPU cores, about 3 minutes
     python -m experiments run prim --preset paper   # larger model and test set, more budgets
+    python -m experiments run prim --preset smoke --pruning.prune-layer 0   # one field of a config section
+
+Config sections (`run prim --help` lists every field): data, model, train, pruning, eval.
 """
 
 from __future__ import annotations
@@ -95,10 +98,9 @@ LABELS = {"full": "full tokens", "uniform": "uniform (strided)", "fastv": "FastV
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """prim settings (every field can be overridden on the command line)."""
+class DataSection:
+    """The audio-visual scenes (``--data.kinds count``)."""
 
-    # data
     kinds: tuple[str, ...] = ("count", "audio_visual")
     grid: int = 3
     image_size: int = 24
@@ -107,7 +109,12 @@ class Config:
     max_objects: int = 5
     train_pool: int = 8192
     n_test: int = 1024
-    # model
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    """The VLM: LM and ViT sizes (``--model.d-model 128``)."""
+
     d_model: int = 64
     num_layers: int = 3
     num_heads: int = 4
@@ -115,11 +122,21 @@ class Config:
     d_ff: int = 128
     vit_d_model: int = 32
     vit_layers: int = 1
-    # training
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """Full-token training (``--train.steps 2000``)."""
+
     batch_size: int = 64
-    train_steps: int = 700
+    steps: int = 700
     learning_rate: float = 2e-3
-    # pruning
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PruningSection:
+    """The pruning arms and PRIM's settings (``--pruning.fractions 1 0.25``)."""
+
     fractions: tuple[float, ...] = (1.0, 0.5, 0.25, 0.125)
     methods: tuple[str, ...] = METHODS
     prune_layer: int = 1  # K: layers 0..K run every kept token, later layers the in-LM selection
@@ -133,36 +150,54 @@ class Config:
     pyramid_layer: int = 0  # prim_pyramid / prim_eps: first in-LM stage; the second one is at prune_layer
     eps: float = 0.1  # prim_eps: epsilon of the second stage (= 1 - retention_mass)
     ablation_fractions: tuple[float, ...] = (0.5, 0.25)
-    # evaluation
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """The checks and timing (``--eval.max-drop 0.05``)."""
+
     check_fraction: float = 0.25
     max_drop: float = 0.02
     se_multiple: float = 2.0
-    eval_batch: int = 256
+    batch: int = 256
     timing_repeats: int = 3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """prim settings, in sections overridden on the command line as ``--pruning.prune-layer 2``."""
+
+    data: DataSection = DataSection()
+    model: ModelSection = ModelSection()
+    train: TrainSection = TrainSection()
+    pruning: PruningSection = PruningSection()
+    eval: EvalSection = EvalSection()
     seed: int = 0
     progress: bool = True
 
     def __post_init__(self):
-        bad = [m for m in self.methods if m not in METHODS]
+        err, pr, ev = registry.ConfigError, self.pruning, self.eval
+        bad = [m for m in pr.methods if m not in METHODS]
         if bad:
-            raise ValueError(f"methods: expected a subset of {METHODS}, got unknown {bad}")
-        for f in self.fractions:
+            raise err("pruning.methods", f"must be a subset of {METHODS}; got unknown {bad}")
+        for f in pr.fractions:
             prim.budget_count(f, 1)  # ValueError naming "fraction" outside (0, 1]
-        if self.check_fraction not in self.fractions:
-            raise ValueError(f"check_fraction: expected one of fractions={self.fractions}, got {self.check_fraction}")
-        if self.n_test % self.eval_batch:
-            raise ValueError(f"n_test: expected a multiple of eval_batch={self.eval_batch}, got {self.n_test}")
-        if not 0 <= self.prune_layer < self.num_layers - 1:
-            raise ValueError(f"prune_layer: expected in [0, num_layers - 1 = {self.num_layers - 1}), "
-                             f"got {self.prune_layer}")
-        two_stage = any(m in self.methods for m in ("prim_pyramid", "prim_eps"))
-        if two_stage and not 0 <= self.pyramid_layer < self.prune_layer:
-            raise ValueError(f"pyramid_layer: expected in [0, prune_layer = {self.prune_layer}), "
-                             f"got {self.pyramid_layer}")
-        if any(m in self.methods for m in ABLATIONS) and self.check_fraction not in self.ablation_fractions:
-            raise ValueError(f"ablation_fractions: expected to hold check_fraction={self.check_fraction}, "
-                             f"got {self.ablation_fractions}")
-        for f in self.ablation_fractions:
+        if ev.check_fraction not in pr.fractions:
+            raise err("eval.check_fraction", f"must be one of pruning.fractions={pr.fractions}; "
+                                             f"got {ev.check_fraction}")
+        if self.data.n_test % ev.batch:
+            raise err("data.n_test", f"must be a multiple of eval.batch={ev.batch}; got {self.data.n_test}")
+        if not 0 <= pr.prune_layer < self.model.num_layers - 1:
+            raise err("pruning.prune_layer", f"must be in [0, model.num_layers - 1 = {self.model.num_layers - 1}); "
+                                             f"got {pr.prune_layer}")
+        two_stage = any(m in pr.methods for m in ("prim_pyramid", "prim_eps"))
+        if two_stage and not 0 <= pr.pyramid_layer < pr.prune_layer:
+            raise err("pruning.pyramid_layer", f"must be in [0, pruning.prune_layer = {pr.prune_layer}); "
+                                               f"got {pr.pyramid_layer}")
+        if any(m in pr.methods for m in ABLATIONS) and ev.check_fraction not in pr.ablation_fractions:
+            raise err("pruning.ablation_fractions", f"must hold eval.check_fraction={ev.check_fraction}; "
+                                                    f"got {pr.ablation_fractions}")
+        for f in pr.ablation_fractions:
             prim.budget_count(f, 1)
 
 
@@ -170,25 +205,27 @@ class Config:
 
 
 def _tokenizer(c: Config):
-    return sc.make_tokenizer(c.grid)
+    return sc.make_tokenizer(c.data.grid)
 
 
 def vlm_config(c: Config) -> VLMConfig:
     tok = _tokenizer(c)
-    lm = TransformerConfig(vocab_size=tok.vocab_size, d_model=c.d_model, num_layers=c.num_layers,
-                           num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, d_ff=c.d_ff)
-    vit = ViTConfig(image_size=c.image_size, patch_size=c.patch_size, channels=3, num_classes=1,
-                    d_model=c.vit_d_model, num_heads=2, d_ff=2 * c.vit_d_model, num_layers=c.vit_layers,
+    lm = TransformerConfig(vocab_size=tok.vocab_size, d_model=c.model.d_model, num_layers=c.model.num_layers,
+                           num_heads=c.model.num_heads, num_kv_heads=c.model.num_kv_heads, d_ff=c.model.d_ff)
+    vit = ViTConfig(image_size=c.data.image_size, patch_size=c.data.patch_size, channels=3, num_classes=1,
+                    d_model=c.model.vit_d_model, num_heads=2, d_ff=2 * c.model.vit_d_model,
+                    num_layers=c.model.vit_layers,
                     pooling="mean")
     return VLMConfig(lm=lm, vit=vit, image_token_id=tok.encode(sc.IMAGE_TOKEN)[0],
-                     audio_token_id=tok.encode(sc.AUDIO_TOKEN)[0], audio_frames=c.grid * c.grid,
-                     audio_frame_len=c.slot_len)
+                     audio_token_id=tok.encode(sc.AUDIO_TOKEN)[0], audio_frames=c.data.grid * c.data.grid,
+                     audio_frame_len=c.data.slot_len)
 
 
 def _data(c: Config, n: int, seed: int) -> dict:
-    return sc.make_batch(n, seed=seed, image_tokens=(c.image_size // c.patch_size) ** 2,
-                         audio_tokens=c.grid * c.grid, kinds=c.kinds, grid=c.grid, image_size=c.image_size,
-                         slot_len=c.slot_len, max_objects=c.max_objects)
+    d = c.data
+    return sc.make_batch(n, seed=seed, image_tokens=(d.image_size // d.patch_size) ** 2, audio_tokens=d.grid * d.grid,
+                         kinds=d.kinds, grid=d.grid, image_size=d.image_size, slot_len=d.slot_len,
+                         max_objects=d.max_objects)
 
 
 def _loss(model, batch):
@@ -201,20 +238,21 @@ def _loss(model, batch):
 
 def train(c: Config, workdir: pathlib.Path) -> VLM:
     """The VLM trained with full tokens (resumes from `workdir/train`)."""
-    pool = _data(c, c.train_pool, seed=1000 + c.seed)
+    pool = _data(c, c.data.train_pool, seed=1000 + c.seed)
 
     def batch_fn(i: int) -> dict:
-        idx = np.random.default_rng([c.seed, i]).integers(0, c.train_pool, c.batch_size)
+        idx = np.random.default_rng([c.seed, i]).integers(0, c.data.train_pool, c.train.batch_size)
         return {"inputs": pool["inputs"][idx], "targets": pool["targets"][idx], "loss_mask": pool["loss_mask"][idx],
                 "images": pool["images"][idx][:, None], "audio": pool["audio"][idx][:, None]}
 
     cfg = vlm_config(c)
-    opt = OptimizerConfig(learning_rate=c.learning_rate, warmup_steps=min(50, c.train_steps // 5),
-                          total_steps=c.train_steps, weight_decay=0.01)
-    fp = repr((cfg, c.train_pool, c.batch_size, c.train_steps, c.learning_rate, c.kinds, c.max_objects, c.seed))
+    opt = OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=min(50, c.train.steps // 5),
+                          total_steps=c.train.steps, weight_decay=0.01)
+    fp = repr((cfg, c.data.train_pool, c.train.batch_size, c.train.steps, c.train.learning_rate, c.data.kinds,
+               c.data.max_objects, c.seed))
     res = fit(model_fn=lambda rngs: VLM(cfg, rngs=rngs), optimizer_config=opt, batch_fn=batch_fn,
-              num_steps=c.train_steps, workdir=epath.Path(workdir) / "train", loss_fn=_loss, seed=c.seed,
-              checkpoint_every=max(c.train_steps, 1), log_every=max(1, c.train_steps // 5), progress=c.progress,
+              num_steps=c.train.steps, workdir=epath.Path(workdir) / "train", loss_fn=_loss, seed=c.seed,
+              checkpoint_every=max(c.train.steps, 1), log_every=max(1, c.train.steps // 5), progress=c.progress,
               desc="prim: train VLM", fingerprint=fp)
     return res.model()
 
@@ -222,7 +260,7 @@ def train(c: Config, workdir: pathlib.Path) -> VLM:
 def test_set(c: Config) -> dict:
     """Prompt-only arrays of the held-out questions: tokens [n, T] (padded with PAD after the prompt),
     images [n, 1, H, W, 3], audio [n, 1, S, F], query_pos [n], query_mask [n, T], answer ids [n], kinds."""
-    te = _data(c, c.n_test, seed=2000 + c.seed)
+    te = _data(c, c.data.n_test, seed=2000 + c.seed)
     pl = te["prompt_lengths"]
     T = int(pl.max())
     pos = np.arange(T)[None]
@@ -239,10 +277,10 @@ def test_set(c: Config) -> dict:
 
 def alignment(c: Config) -> np.ndarray:
     """[P, grid^2] bool: image patch i lies in cell j (audio frame j is cell j's time slot)."""
-    g = c.image_size // c.patch_size
+    g = c.data.image_size // c.data.patch_size
     r, col = np.divmod(np.arange(g * g), g)
-    cell = (r * c.grid // g) * c.grid + col * c.grid // g
-    return cell[:, None] == np.arange(c.grid * c.grid)[None]
+    cell = (r * c.data.grid // g) * c.data.grid + col * c.data.grid // g
+    return cell[:, None] == np.arange(c.data.grid * c.data.grid)[None]
 
 
 # ------------------------------------------------------------------ one method at one budget
@@ -253,10 +291,11 @@ def _pipeline(c: Config, method: str, fraction: float, layout: prim.Layout, alig
     embeddings `vlm.embed(tokens, images, audio)`, computed once for every method by `embed_test_set`)."""
     n_av = layout.num_av
     budget = prim.budget_count(fraction, n_av)
-    pcfg = prim.PRIMConfig(relevance=c.relevance, freq_weight=0.0 if method == "prim_nofreq" else c.freq_weight,
-                           fusion_gamma=c.fusion_gamma if method == "prim_fusion" else 0.0,
-                           video_window=c.image_size // c.patch_size, audio_window=c.grid,
-                           merge=c.merge if method == "prim_merge" else "none")
+    pcfg = prim.PRIMConfig(relevance=c.pruning.relevance,
+                           freq_weight=0.0 if method == "prim_nofreq" else c.pruning.freq_weight,
+                           fusion_gamma=c.pruning.fusion_gamma if method == "prim_fusion" else 0.0,
+                           video_window=c.data.image_size // c.data.patch_size, audio_window=c.data.grid,
+                           merge=c.pruning.merge if method == "prim_merge" else "none")
     in_lm = _in_lm_stages(c, method)
 
     def fn(vlm, x, qpos, qmask):
@@ -266,7 +305,7 @@ def _pipeline(c: Config, method: str, fraction: float, layout: prim.Layout, alig
             return prim.pruned_forward(vlm, prim.uniform_plan(x, layout, fraction), layout, qpos)
         if method == "fastv":
             return prim.pruned_forward(vlm, prim.full_plan(x, layout), layout, qpos,
-                                       in_lm=prim.InLMPrune(kind="fastv", layer=c.prune_layer, keep=budget))
+                                       in_lm=prim.InLMPrune(kind="fastv", layer=c.pruning.prune_layer, keep=budget))
         plan = prim.prim_plan(vlm, x, layout, fraction, qmask, config=pcfg, align=align)
         return prim.pruned_forward(vlm, plan, layout, qpos, in_lm=in_lm)
 
@@ -278,14 +317,16 @@ def _in_lm_stages(c: Config, method: str) -> tuple[prim.InLMPrune, ...]:
     prim_merge); the pyramid repeats the same mass rule at pyramid_layer then K; prim_eps replaces the
     second (deeper) stage by the epsilon rule; none for the pre-LM-only variants."""
     def adaptive(layer):
-        return prim.InLMPrune(kind="adaptive", layer=layer, mass=c.retention_mass, r_min=c.retention_min,
-                              r_max=c.retention_max)
+        pr = c.pruning
+        return prim.InLMPrune(kind="adaptive", layer=layer, mass=pr.retention_mass, r_min=pr.retention_min,
+                              r_max=pr.retention_max)
     if method in ("prim", "prim_fusion", "prim_merge"):
-        return (adaptive(c.prune_layer),)
+        return (adaptive(c.pruning.prune_layer),)
     if method == "prim_pyramid":
-        return (adaptive(c.pyramid_layer), adaptive(c.prune_layer))
+        return (adaptive(c.pruning.pyramid_layer), adaptive(c.pruning.prune_layer))
     if method == "prim_eps":
-        return (adaptive(c.pyramid_layer), prim.InLMPrune(kind="epsilon", layer=c.prune_layer, eps=c.eps))
+        return (adaptive(c.pruning.pyramid_layer),
+                prim.InLMPrune(kind="epsilon", layer=c.pruning.prune_layer, eps=c.pruning.eps))
     return ()
 
 
@@ -297,11 +338,12 @@ def _overhead(c: Config, method: str, cfg: TransformerConfig, n_q: np.ndarray, n
     (n - B) B pairs, an upper bound of the per-modality sum)."""
     layers = [st.layer for st in _in_lm_stages(c, method)]
     if method == "fastv":
-        layers = [c.prune_layer]
+        layers = [c.pruning.prune_layer]
     out = np.zeros(len(n_q))
     for i in range(len(n_q)):
         if method.startswith("prim"):
-            out[i] += prim.scoring_flops(cfg, relevance_queries=int(n_q[i]), relevance_keys=n_av, relevance=c.relevance)
+            out[i] += prim.scoring_flops(cfg, relevance_queries=int(n_q[i]), relevance_keys=n_av,
+                                         relevance=c.pruning.relevance)
         for K in layers:
             out[i] += prim.scoring_flops(cfg, in_lm_keys=int(text[i] + av_layers[i, K]))
         if method == "prim_merge":
@@ -315,9 +357,9 @@ def embed_test_set(c: Config, vlm: VLM, data: dict) -> np.ndarray:
     time count them."""
     graphdef, state = nnx.split(vlm)
     emb = jax.jit(lambda st, t, i, a: nnx.merge(graphdef, st).embed(t, i, a))
-    return np.concatenate([np.asarray(emb(state, *(jnp.asarray(data[k][s:s + c.eval_batch])
+    return np.concatenate([np.asarray(emb(state, *(jnp.asarray(data[k][s:s + c.eval.batch])
                                                    for k in ("tokens", "images", "audio"))))
-                           for s in range(0, c.n_test, c.eval_batch)])
+                           for s in range(0, c.data.n_test, c.eval.batch)])
 
 
 def evaluate(c: Config, vlm: VLM, data: dict, method: str, fraction: float) -> dict:
@@ -327,12 +369,12 @@ def evaluate(c: Config, vlm: VLM, data: dict, method: str, fraction: float) -> d
     graphdef, state = nnx.split(vlm)
     run = jax.jit(lambda st, *a: fn(nnx.merge(graphdef, st), *a))
     keys = ("x", "query_pos", "query_mask")
-    chunks = [tuple(jnp.asarray(data[k][s:s + c.eval_batch]) for k in keys)
-              for s in range(0, c.n_test, c.eval_batch)]
+    chunks = [tuple(jnp.asarray(data[k][s:s + c.eval.batch]) for k in keys)
+              for s in range(0, c.data.n_test, c.eval.batch)]
     outs = [run(state, *ch) for ch in chunks]
     jax.block_until_ready(outs)
     best = np.inf
-    for _ in range(c.timing_repeats):
+    for _ in range(c.eval.timing_repeats):
         t0 = time.perf_counter()
         jax.block_until_ready([run(state, *ch) for ch in chunks])
         best = min(best, time.perf_counter() - t0)
@@ -367,16 +409,16 @@ def _paired(a, b) -> tuple[float, float]:
 
 
 def analyse(c: Config, res: dict) -> tuple[list[Check], dict, str]:
-    r = c.check_fraction
-    k = c.se_multiple
+    r = c.eval.check_fraction
+    k = c.eval.se_multiple
     full = res["full"][1.0]
-    at = {m: res[m][r] for m in c.methods}
+    at = {m: res[m][r] for m in c.pruning.methods}
     checks, stats = [], {}
     if "prim" in at:
         drop = full["accuracy"] - at["prim"]["accuracy"]
         checks.append(Check(f"PRIM accuracy drop vs full tokens at {r:.0%} of the AV tokens", round(100 * drop, 2),
-                            "stable accuracy at high compression (no numbers)", f"<= {100 * c.max_drop:g} points",
-                            drop <= c.max_drop,
+                            "stable accuracy at high compression (no numbers)", f"<= {100 * c.eval.max_drop:g} points",
+                            drop <= c.eval.max_drop,
                             note=f"full {full['accuracy']:.3f}, PRIM {at['prim']['accuracy']:.3f}; points"))
     if "prim" in at and "uniform" in at:
         d, se = _paired(at["prim"]["correct"], at["uniform"]["correct"])
@@ -422,8 +464,9 @@ def analyse(c: Config, res: dict) -> tuple[list[Check], dict, str]:
         versus("prim_eps", "prim", f"epsilon rule: PRIM (stage 1 + eps stage) minus single-stage PRIM at {r:.0%}",
                "tokens below eps attention mass are dispensable", flops_lower=True)
     fl = {m: at[m]["flops"] / full["flops"] for m in at}
-    context = (f"{c.n_test} held-out questions ({', '.join(c.kinds)}), 45 AV tokens (36 patches + 9 audio frames), "
-               f"{c.num_layers}-layer LM d={c.d_model} trained {c.train_steps} steps with full tokens; at {r:.0%}: "
+    context = (f"{c.data.n_test} held-out questions ({', '.join(c.data.kinds)}), 45 AV tokens (36 patches + 9 audio "
+               f"frames), {c.model.num_layers}-layer LM d={c.model.d_model} trained {c.train.steps} steps with full "
+               f"tokens; at {r:.0%}: "
                + ", ".join(f"{m} {at[m]['accuracy']:.3f} ({fl[m]:.2f}x FLOPs)" for m in at)
                + f"; full {full['accuracy']:.3f}; measured CPU wall time / full at {r:.0%}: "
                + ", ".join(f"{m} {at[m]['wall_s'] / full['wall_s']:.2f}" for m in at)
@@ -448,12 +491,13 @@ def run(c: Config, workdir) -> dict:
     vlm = train(c, workdir)
     data = test_set(c)
     data["x"] = embed_test_set(c, vlm, data)
-    base = {k: v for k, v in dataclasses.asdict(c).items() if k not in ("progress", "timing_repeats", "methods",
-                                                                           "fractions", "ablation_fractions",
-                                                                           "check_fraction", "max_drop",
-                                                                           "se_multiple")}
-    units = [("full", 1.0)] + [(m, f) for m in c.methods
-                               for f in (c.ablation_fractions if m in ABLATIONS else c.fractions)]
+    base = dataclasses.asdict(c)  # the cache key: what a unit's outcome depends on (each unit adds its own)
+    del base["progress"], base["eval"]
+    for name in ("methods", "fractions", "ablation_fractions"):
+        del base["pruning"][name]
+    base["eval_batch"] = c.eval.batch
+    units = [("full", 1.0)] + [(m, f) for m in c.pruning.methods
+                               for f in (c.pruning.ablation_fractions if m in ABLATIONS else c.pruning.fractions)]
     res: dict = {}
     it = units
     if c.progress:
@@ -465,7 +509,7 @@ def run(c: Config, workdir) -> dict:
     checks, stats, context = analyse(c, res)
     claim = "PRIM keeps accuracy near full tokens at a budget where uniform pruning loses more"
     cause = ""
-    r = c.check_fraction
+    r = c.eval.check_fraction
     src = "prim_pre" if "prim_pre" in res else "prim" if "prim" in res else None
     if src is not None:
         share = res[src][r]["per_kind_audio_share"]
@@ -481,8 +525,8 @@ def run(c: Config, workdir) -> dict:
     text, ok = verdict(checks, claim=claim, context=context, cause=cause, cause_class="spec")
     table = {m: {f"{f:g}": {k: v for k, v in u.items() if k != "correct"} for f, u in d.items()}
              for m, d in res.items()}
-    metrics = {"check_fraction": c.check_fraction, "table": table, "stats": stats,
-               "checks": [ch.as_dict() for ch in checks], "n_test": c.n_test}
+    metrics = {"check_fraction": c.eval.check_fraction, "table": table, "stats": stats,
+               "checks": [ch.as_dict() for ch in checks], "n_test": c.data.n_test}
     plots = [_plot(c, res, workdir)]
     return {"metrics": metrics, "verdict": text, "reproduced": ok, "plots": plots,
             "cause": None if ok else "spec"}
@@ -491,7 +535,7 @@ def run(c: Config, workdir) -> dict:
 def _plot(c: Config, res: dict, workdir: pathlib.Path) -> str:
     fig, (ax1, ax2, ax3) = plotting.subplots(1, 3, figsize=(15, 4.5))
     full = res["full"][1.0]
-    for i, m in enumerate(c.methods):
+    for i, m in enumerate(c.pruning.methods):
         fs = sorted(res[m])
         acc = [res[m][f]["accuracy"] for f in fs]
         style = dict(marker="o", lw=2.2 if m == "prim" else 1.2, label=LABELS[m], color=f"C{i}")
@@ -505,7 +549,7 @@ def _plot(c: Config, res: dict, workdir: pathlib.Path) -> str:
         ax.set(xlabel=xl, ylabel="accuracy")
         ax.grid(alpha=0.3)
     ax1.set_xscale("log", base=2)
-    ax1.set_title(f"PRIM (reconstructed) vs baselines, n={c.n_test}")
+    ax1.set_title(f"PRIM (reconstructed) vs baselines, n={c.data.n_test}")
     plotting.legend(ax1, fontsize=7, loc="lower right")
     return report.savefig(fig, workdir / "accuracy_vs_budget.png")
 
@@ -516,14 +560,18 @@ EXPERIMENT = registry.Experiment(
     presets={
         # the smoke run costs what it did before the new arms (3 units, 2 layers); the two-stage arms need
         # 3 layers and run in the quick preset (their logic is tested in tests/experiments/prim_test.py)
-        "smoke": lambda: Config(train_pool=32, n_test=16, eval_batch=16, d_model=16, num_layers=2, num_heads=2,
-                                num_kv_heads=1, d_ff=32, vit_d_model=8, batch_size=8, train_steps=1,
-                                fractions=(0.25,), ablation_fractions=(0.25,),
-                                methods=("prim", "prim_merge"), prune_layer=0,
-                                timing_repeats=1, progress=False),
-        "quick": lambda: Config(timing_repeats=2),
-        "paper": lambda: Config(d_model=128, num_layers=4, num_heads=4, d_ff=512, vit_layers=2, train_pool=32768,
-                                train_steps=4000, n_test=4096, fractions=(1.0, 0.75, 0.5, 0.25, 0.125, 0.0625)),
+        "smoke": lambda: Config(data=DataSection(train_pool=32, n_test=16),
+                                model=ModelSection(d_model=16, num_layers=2, num_heads=2, num_kv_heads=1, d_ff=32,
+                                                   vit_d_model=8),
+                                train=TrainSection(batch_size=8, steps=1),
+                                pruning=PruningSection(fractions=(0.25,), ablation_fractions=(0.25,),
+                                                       methods=("prim", "prim_merge"), prune_layer=0),
+                                eval=EvalSection(batch=16, timing_repeats=1), progress=False),
+        "quick": lambda: Config(eval=EvalSection(timing_repeats=2)),
+        "paper": lambda: Config(data=DataSection(train_pool=32768, n_test=4096),
+                                model=ModelSection(d_model=128, num_layers=4, num_heads=4, d_ff=512, vit_layers=2),
+                                train=TrainSection(steps=4000),
+                                pruning=PruningSection(fractions=(1.0, 0.75, 0.5, 0.25, 0.125, 0.0625))),
     },
     run=run,
 )

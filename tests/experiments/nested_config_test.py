@@ -1,8 +1,8 @@
 """Nested config sections (issue 25, item 6) of spf, benchmark_game, anytime_cmf, weightclip, scm_grpo,
-differential_smoothing, dem_hec and toast on the command line: a nested override (`--train.num-episodes 2`) changes that
-one field and keeps every other preset value, `run <slug> --help` lists the nested flags, and a bad nested value
-fails with exit code 2 naming its flag. No experiment runs here (`report.run_experiment` is replaced by a
-recorder)."""
+differential_smoothing, dem_hec, toast and prim on the command line: a nested override (`--train.num-episodes 2`)
+changes that one field and keeps every other preset value, `run <slug> --help` lists the nested flags, and a bad
+nested value fails with exit code 2 naming its flag. No experiment runs here (`report.run_experiment` is replaced
+by a recorder)."""
 
 import dataclasses
 import pathlib
@@ -22,6 +22,7 @@ OVERRIDES = {
     "differential_smoothing": ("--rl.entropy-coefs", "0.05", "rl", "entropy_coefs", (0.05,), "--countdown.max-target"),
     "dem_hec": ("--finetune.steps", "5", "finetune", "steps", 5, "--data.data-dir"),
     "toast": ("--tcs.ratios", "0.7", "tcs", "ratios", (0.7,), "--toast.fc2-ratio"),
+    "prim": ("--pruning.retention-mass", "0.8", "pruning", "retention_mass", 0.8, "--eval.max-drop"),
 }
 
 
@@ -69,6 +70,7 @@ def test_help_lists_the_nested_fields(slug, capsys):
     ("weightclip", "--zoo.holdout-fraction", "0.7", "--zoo.holdout-fraction must be in (0, 0.5); got 0.7"),
     ("weightclip", "--eval.queries", "0", "--eval.queries must be >= 1; got 0"),
     ("differential_smoothing", "--rl.seeds", "0", "--rl.seeds must be >= 1; got 0"),
+    ("prim", "--eval.check-fraction", "0.5", "--eval.check-fraction must be one of pruning.fractions=(0.25,); got 0.5"),
     ("toast", "--toast.sparsity", "60", "--toast.sparsity must be one of scwp.sparsities=(50.0,); got 60.0"),
     ("dem_hec", "--eval.severities", "6", "--eval.severities must be ints in 1..5; got (6,)"),
     ("scm_grpo", "--rl.group-size", "1", "--rl.group-size must be >= 2 (GRPO normalises within a group); got 1"),

@@ -13,10 +13,11 @@ from models.transformer import TransformerConfig
 
 
 def test_stage_schedule_of_each_arm():
-    c = exp.Config(num_layers=4, prune_layer=2, pyramid_layer=1, eps=0.2)
+    c = exp.Config(model=exp.ModelSection(num_layers=4),
+                   pruning=exp.PruningSection(prune_layer=2, pyramid_layer=1, eps=0.2))
     assert exp._in_lm_stages(c, "prim_pre") == () and exp._in_lm_stages(c, "uniform") == ()
     (single,) = exp._in_lm_stages(c, "prim")
-    assert (single.kind, single.layer, single.mass) == ("adaptive", 2, c.retention_mass)
+    assert (single.kind, single.layer, single.mass) == ("adaptive", 2, c.pruning.retention_mass)
     assert exp._in_lm_stages(c, "prim_merge") == exp._in_lm_stages(c, "prim")
     first, second = exp._in_lm_stages(c, "prim_pyramid")
     assert (first.kind, first.layer, second.kind, second.layer) == ("adaptive", 1, "adaptive", 2)
@@ -26,7 +27,7 @@ def test_stage_schedule_of_each_arm():
 
 def test_overhead_counts_every_stage_and_merging_by_hand():
     cfg = TransformerConfig(vocab_size=10, d_model=8, num_layers=3, num_heads=2, num_kv_heads=1, d_ff=16)
-    c = exp.Config(relevance="layer0")
+    c = exp.Config(pruning=exp.PruningSection(relevance="layer0"))
     n_q, text = np.array([3]), np.array([6])
     av_layers = np.array([[20, 12, 5]])  # AV tokens at layers 0, 1, 2
     D, h, k, d = 8, 2, 1, 4
@@ -47,9 +48,10 @@ def test_overhead_counts_every_stage_and_merging_by_hand():
 
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="pyramid_layer"):
-        exp.Config(pyramid_layer=1, prune_layer=1)
+        exp.Config(pruning=exp.PruningSection(pyramid_layer=1, prune_layer=1))
     with pytest.raises(ValueError, match="ablation_fractions"):
-        exp.Config(ablation_fractions=(0.5,))
+        exp.Config(pruning=exp.PruningSection(ablation_fractions=(0.5,)))
     with pytest.raises(ValueError, match="methods"):
-        exp.Config(methods=("prim", "tome"))
-    exp.Config(ablation_fractions=(0.5,), methods=("uniform", "prim"))  # no ablation arm: nothing to check
+        exp.Config(pruning=exp.PruningSection(methods=("prim", "tome")))
+    # no ablation arm: nothing to check
+    exp.Config(pruning=exp.PruningSection(ablation_fractions=(0.5,), methods=("uniform", "prim")))
