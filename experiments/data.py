@@ -39,7 +39,8 @@ from typing import NamedTuple
 import numpy as np
 from tqdm.auto import tqdm
 
-__all__ = ["Examples", "load", "SUPPORTED", "CIFAR10_C_MAIN", "CIFAR10_C_EXTRA", "cifar10_images", "cifar10_c_images"]
+__all__ = ["Examples", "load", "SUPPORTED", "CIFAR10_C_MAIN", "CIFAR10_C_EXTRA", "cifar10_images", "cifar10_train_test",
+           "cifar10_c_images"]
 
 # Base dataset name -> (module that registers its TFDS builder, (input feature, target feature)).
 SUPPORTED: dict[str, tuple[str, tuple[str, str]]] = {
@@ -199,6 +200,13 @@ def cifar10_images(split: str, *, data_dir: str | os.PathLike | None = None,
     """
     images, labels = load("cifar10", split, data_dir=data_dir, max_examples=max_examples)
     return images.astype(np.float32) / 255.0, labels
+
+
+def cifar10_train_test(*, num_train: int, num_test: int, data_dir: str | os.PathLike | None = None):
+    """``((x_train, y_train), (x_test, y_test))``: the first ``num_train`` / ``num_test`` images of CIFAR-10's
+    splits as `cifar10_images` returns them (the vision experiments' ``data.dataset="cifar10"``)."""
+    return (cifar10_images("train", data_dir=data_dir, max_examples=num_train),
+            cifar10_images("test", data_dir=data_dir, max_examples=num_test))
 
 
 def cifar10_c_images(corruption: str, severity: int, *, data_dir: str | os.PathLike | None = None,

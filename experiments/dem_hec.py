@@ -112,7 +112,7 @@ from algorithms.training import OptimizerConfig, fit
 from experiments import _plotting as plotting
 from experiments import registry, report
 from experiments.checks import Check, verdict
-from experiments.data import CIFAR10_C_EXTRA, CIFAR10_C_MAIN, cifar10_c_images, cifar10_images
+from experiments.data import CIFAR10_C_EXTRA, CIFAR10_C_MAIN, cifar10_c_images, cifar10_train_test
 from experiments.tasks import load_digits
 from models import cnn as cnn_lib
 from models import vit as vit_lib
@@ -305,9 +305,8 @@ def binomial_tolerance(p: float, n: int, multiple: float = 2.0) -> float:
 
 def _data(c: Config):
     if c.data.dataset == "cifar10":
-        kw = dict(data_dir=c.data.data_dir or None)
-        return (cifar10_images("train", max_examples=c.data.cifar_train, **kw),
-                cifar10_images("test", max_examples=c.data.cifar_test, **kw))
+        return cifar10_train_test(num_train=c.data.cifar_train, num_test=c.data.cifar_test,
+                                  data_dir=c.data.data_dir or None)
     (xtr, ytr), (xte, yte) = load_digits(seed=c.seed)
     up = lambda x: np.repeat(np.repeat(x, c.data.upsample, 1), c.data.upsample, 2).astype(np.float32)  # noqa: E731
     return (up(xtr), ytr), (up(xte), yte)
@@ -456,10 +455,10 @@ def evaluate(model: nnx.Module, batch_size: int, clean: np.ndarray, labels: np.n
 
 
 def _arm_cache(c: Config, arch: str, arm: str, seed: int, workdir: pathlib.Path) -> epath.Path:
-    fields = dataclasses.asdict(c)  # every setting the arm's outcome depends on
-    for section, name in (("", "progress"), ("", "archs"), ("finetune", "ablation_archs"), ("finetune", "seeds"),
-                          ("eval", "t_level"), ("eval", "se_multiple"), ("eval", "batch_size"), ("data", "data_dir")):
-        del (fields[section] if section else fields)[name]
+    fields = dataclasses.asdict(c)  # every setting the arm's outcome depends on: all but these
+    del fields["progress"], fields["archs"], fields["data"]["data_dir"]
+    del fields["finetune"]["ablation_archs"], fields["finetune"]["seeds"]
+    del fields["eval"]["t_level"], fields["eval"]["se_multiple"], fields["eval"]["batch_size"]
     blob = json.dumps({"v": _CACHE_VERSION, "c": fields, "arch": arch, "arm": arm, "seed": seed}, sort_keys=True,
                       default=str)
     return epath.Path(workdir) / "cache" / f"{arch}_{arm}_{seed}_{hashlib.sha1(blob.encode()).hexdigest()[:12]}.json"

@@ -54,8 +54,7 @@ reported whatever the outcome; seeds are not searched.
 Recipe:
     python -m experiments run nmars --preset smoke   # seconds, used by the tests
     python -m experiments run nmars --preset quick   # 2 CPU cores, about 2 minutes
-    # the diff_study preset (not one of the CLI's --preset choices):
-    python -c "from experiments import report; report.run_experiment('nmars', 'diff_study')"
+    python -m experiments run nmars --preset diff_study   # the paper's augmentation, 3 seeds (issue 33)
     python -m experiments run nmars --preset paper   # bigger model, longer training, accelerator
 
 The quick preset is small (2 layers, 64 wide, one seed); differences of about
@@ -477,17 +476,6 @@ def _task_name(c: Config) -> str:
 _STUDY = "diff_study"  # the extra preset that runs the paper's augmentation over 3 seeds
 
 
-def _study_result() -> dict | None:
-    """The committed result of the diff_study preset (results/nmars/diff_study/result.json), if any."""
-    path = pathlib.Path(__file__).resolve().parents[1] / "results" / "nmars" / _STUDY / "result.json"
-    try:
-        import json
-
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _study_sentence(study: dict | None) -> str:
     """One sentence with the study's mean sampled EM per arm (read from its result.json)."""
     if study is None:
@@ -580,7 +568,7 @@ def _verdict(evals: dict, c: Config, n: int, *, augmentation: dict | None = None
     checks = _checks(em, prec, has_rl, f"SE of a difference about {np.sqrt(2) * _se(em('C_msft'), n):.3f}")
     diag = _diagnosis(em, prec, augmentation)
     if c.augmentation == "inferred":
-        study = _study_result()
+        study = report.stored_result("nmars", _STUDY)
         study_ok = bool(study and study.get("reproduced"))
         cause = (f"this preset trains on the spec's inferred augmentation, not the paper's, from a warm start that "
                  f"already samples {em('base'):.3f} exactly (few real error positions): {diag}. To test the "

@@ -43,7 +43,7 @@ from experiments import checks as checks_lib
 from experiments import registry
 
 __all__ = ["run_experiment", "default_workdir", "write_report", "report_path", "load_results", "savefig",
-           "paper_status", "PaperStatus", "show_result", "REPO_RESULTS"]
+           "paper_status", "PaperStatus", "show_result", "stored_result", "REPO_RESULTS"]
 
 # The checkout's results folder (what `make reproduce` writes); absent in a plain `pip install`.
 REPO_RESULTS = epath.Path(__file__).resolve().parents[1] / "results"
@@ -184,6 +184,13 @@ def load_results(results_dir: str | os.PathLike = "results", *, preset: str | No
                                         if r["preset"] in registry.PRESETS else 9))
 
 
+def stored_result(slug: str, preset: str = "quick", *, results_dir: str | os.PathLike = REPO_RESULTS) -> dict | None:
+    """The stored ``<results_dir>/<slug>/<preset>/result.json`` as a dict, or None when there is none
+    (e.g. a quick verdict citing the committed result of its experiment's study preset)."""
+    path = epath.Path(results_dir) / slug / preset / "result.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def show_result(slug: str, *, preset: str = "quick", results_dir: str | os.PathLike = REPO_RESULTS,
                 rerun: bool = False) -> dict:
     """Prints a stored result the way the notebooks read it: reproduced, cause, the catalog's "ours"
@@ -197,11 +204,11 @@ def show_result(slug: str, *, preset: str = "quick", results_dir: str | os.PathL
     """
     if rerun:
         run_experiment(slug, preset, results_dir=results_dir)
-    path = epath.Path(results_dir) / slug / preset / "result.json"
-    if not path.exists():
-        print(f"no stored result at {path}; run `python -m experiments run {slug} --preset {preset}`")
+    result = stored_result(slug, preset, results_dir=results_dir)
+    if result is None:
+        print(f"no stored result at {epath.Path(results_dir) / slug / preset / 'result.json'}; "
+              f"run `python -m experiments run {slug} --preset {preset}`")
         return {}
-    result = json.loads(path.read_text())
     print("reproduced:", result["reproduced"], "| cause:", result.get("cause"))
     print("ours:", importlib.import_module(f"experiments.{slug}").headline(result["metrics"]))
     for check in result["metrics"].get("checks", []):

@@ -50,7 +50,6 @@ asks for "at least as good as PDM" within `eval.pdm_tolerance`, looser than the 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import pathlib
 import time
@@ -542,15 +541,12 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
 # CPU, 2026-12-06) and committed in results/spf/loss_study/: the quick verdict, which does not run the study,
 # cites its metrics["loss_study"]["logistic"] (its seeds 0-1 after 400 episodes are the quick run's logistic runs).
 RECORDED_LOSS_STUDY_PROBLEM = "logistic"
-_LOSS_STUDY_RESULT = pathlib.Path(__file__).resolve().parents[1] / "results" / "spf" / "loss_study" / "result.json"
 
 
 def _recorded_loss_study() -> dict | None:
     """The committed loss study of `RECORDED_LOSS_STUDY_PROBLEM` (None when results/spf/loss_study is absent)."""
-    if not _LOSS_STUDY_RESULT.exists():
-        return None
-    saved = json.loads(_LOSS_STUDY_RESULT.read_text())
-    return saved["metrics"].get("loss_study", {}).get(RECORDED_LOSS_STUDY_PROBLEM)
+    saved = report.stored_result("spf", "loss_study")
+    return None if saved is None else saved["metrics"].get("loss_study", {}).get(RECORDED_LOSS_STUDY_PROBLEM)
 
 
 def _cause(metrics: Mapping[str, Any], checks: list[Check], c: Config) -> tuple[str, str | None]:

@@ -93,7 +93,7 @@ from algorithms.training import OptimizerConfig, fit
 from experiments import _plotting as plotting
 from experiments import registry, report
 from experiments.checks import Check, verdict
-from experiments.data import cifar10_images
+from experiments.data import cifar10_train_test
 from experiments.tasks import load_digits, shapes
 from models.vit import ViT, ViTConfig, classification_loss
 
@@ -239,9 +239,8 @@ _FLAT = {**{n: ("data", n) for n in ("dataset", "upsample", "shapes_size", "shap
 
 def _data(c: Config):
     if c.data.dataset == "cifar10":  # needs the [data] extra and a prepared CIFAR-10 (experiments.data)
-        kw = dict(data_dir=c.data.data_dir or None)
-        return (cifar10_images("train", max_examples=c.data.cifar_train, **kw),
-                cifar10_images("test", max_examples=c.data.cifar_test, **kw))
+        return cifar10_train_test(num_train=c.data.cifar_train, num_test=c.data.cifar_test,
+                                  data_dir=c.data.data_dir or None)
     if c.data.dataset == "shapes":
         d = c.data
         return shapes.load_shapes(num_train=d.shapes_train, num_test=d.shapes_test, size=d.shapes_size, seed=c.seed)
