@@ -34,6 +34,10 @@ Recipe:
     python -m experiments run ddm_signals --preset smoke   # seconds, used by the tests
     python -m experiments run ddm_signals --preset quick   # 2 CPU cores, about 2-3 minutes
     python -m experiments run ddm_signals --preset paper   # larger grids, more paths and users
+    python -m experiments run ddm_signals --preset smoke --timing.paths 4000   # one field of a config section
+
+Config sections (`run ddm_signals --help` lists every field): accuracy, timing, watch_time (flags
+`--watch-time.*`); seed, studies and progress stay top-level.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from experiments.checks import verdict as verdict_from_checks
 from primitives import drift_diffusion as dd
 
 SHAPES = ("step_up", "step_down", "pulse", "decay", "transient", "sinusoid")
+STUDIES = ("accuracy", "timing", "watch_time")
 
 # The spec's Monte-Carlo table (Euler dt = 2e-3 + bridge, 20k paths; step 0.5 -> 1.0 at tau = a / 2, sigma = 1).
 SPEC_ANCHORS = {
@@ -68,41 +73,78 @@ SPEC_ANCHORS = {
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """ddm_signals settings (every field can be overridden on the command line)."""
+class AccuracySection:
+    """Study 1: the closed form against the integral equation (``--accuracy.thresholds 1 4 16``)."""
 
-    seed: int = 0
-    # Which studies run (smoke skips the watch-time fit, whose compilation alone exceeds its budget).
-    studies: tuple[str, ...] = ("accuracy", "timing", "watch_time")
-    # 1. Accuracy against the integral equation.
-    accuracy_thresholds: tuple[float, ...] = (1.0, 4.0, 16.0, 64.0, 256.0)
-    accuracy_shapes: tuple[str, ...] = SHAPES
+    thresholds: tuple[float, ...] = (1.0, 4.0, 16.0, 64.0, 256.0)  # >= 2, strictly increasing
+    shapes: tuple[str, ...] = SHAPES
     volterra_points: int = 3000
     anchors: bool = True
-    # 2. Optimal timing (a, kernel width and H scale together: width = width_rel * a, H = h_rel * a / mu0).
-    timing_thresholds: tuple[float, ...] = (4.0, 16.0)
-    timing_kernels: tuple[str, ...] = ("decay", "transient")
-    timing_widths: tuple[float, ...] = (0.25, 1.25)  # kernel width / a; at a = 4 the spec's kappa = 1, 5
-    timing_horizons: tuple[float, ...] = (1.0, 2.0)  # H in units of a / mu0
-    timing_mu0: float = 0.5
-    timing_displacement: float = 0.25  # beta * width, in units of a
-    timing_grid: int = 41
-    timing_paths: int = 20_000
-    timing_dt: float = 0.005  # Euler step, in units of a
-    timing_max_rel_regret: float = 0.1  # reproduced if the median relative regret at the largest a is below
-    # 3. Watch-time environment.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TimingSection:
+    """Study 2: optimal signal timing (a, kernel width and H scale together: width = widths * a, H = horizons *
+    a / mu0) (``--timing.paths 50000``)."""
+
+    thresholds: tuple[float, ...] = (4.0, 16.0)
+    kernels: tuple[str, ...] = ("decay", "transient")
+    widths: tuple[float, ...] = (0.25, 1.25)  # kernel width / a; at a = 4 the spec's kappa = 1, 5
+    horizons: tuple[float, ...] = (1.0, 2.0)  # H in units of a / mu0
+    mu0: float = 0.5
+    displacement: float = 0.25  # beta * width, in units of a
+    grid: int = 41
+    paths: int = 20_000
+    dt: float = 0.005  # Euler step, in units of a
+    max_rel_regret: float = 0.1  # reproduced if the median relative regret at the largest a is below
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WatchTimeSection:
+    """Study 3: the watch-time environment and the per-user fits (``--watch-time.num-users 200``)."""
+
     num_users: int = 60
     train_sessions: int = 40
     test_sessions: int = 20
     max_signals: int = 3
     video_length: float = 20.0
-    env_kernel: str = "decay"
-    env_width: float = 3.0
-    env_dt: float = 0.01
+    kernel: str = "decay"
+    width: float = 3.0
+    dt: float = 0.01
     lapse: float = 0.02
     fit_iters: int = 600
     event_horizon: float = 10.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """ddm_signals settings, in sections overridden on the command line as ``--timing.grid 21``."""
+
+    seed: int = 0
+    # Which studies run (smoke skips the watch-time fit, whose compilation alone exceeds its budget).
+    studies: tuple[str, ...] = ("accuracy", "timing", "watch_time")
+    accuracy: AccuracySection = AccuracySection()
+    timing: TimingSection = TimingSection()
+    watch_time: WatchTimeSection = WatchTimeSection()
     progress: bool = True
+
+    def __post_init__(self):
+        err, acc = registry.ConfigError, self.accuracy
+        unknown = [s for s in self.studies if s not in STUDIES]
+        if unknown or not self.studies:
+            raise err("studies", f"must be a non-empty subset of {STUDIES}; got {self.studies}")
+        bad = [s for s in acc.shapes if s not in SHAPES]
+        if bad:
+            raise err("accuracy.shapes", f"must be drawn from {SHAPES}; got unknown {bad}")
+        if len(acc.thresholds) < 2 or any(x >= y for x, y in zip(acc.thresholds, acc.thresholds[1:])):
+            raise err("accuracy.thresholds", f"needs >= 2 strictly increasing values; got {acc.thresholds}")
+        bad = [k for k in self.timing.kernels if k not in dd.KERNELS]
+        if bad or not self.timing.kernels:
+            raise err("timing.kernels", f"must be a non-empty subset of {dd.KERNELS}; got {self.timing.kernels}")
+        if self.timing.grid < 2:
+            raise err("timing.grid", f"must be >= 2 (candidate signal times on [0, H]); got {self.timing.grid}")
+        if self.watch_time.kernel not in dd.KERNELS:
+            raise err("watch_time.kernel", f"must be one of {dd.KERNELS}; got {self.watch_time.kernel!r}")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -172,13 +214,13 @@ def _tangent_pdf64(a: float, t: np.ndarray, mu: np.ndarray, cum: np.ndarray) -> 
 
 def accuracy_study(c: Config, bar) -> dict:
     rows = {}
-    for shape in c.accuracy_shapes:
+    for shape in c.accuracy.shapes:
         rows[shape] = {"a": [], "sup_cdf_error": [], "l1_density_error": [], "reference_error": [],
                        "reference_l1_error": [], "closed_form_l1_error": [], "approx_mass": [], "true_mass": [],
                        "clipped_true_mass": []}
-        for a in c.accuracy_thresholds:
+        for a in c.accuracy.thresholds:
             t_max = 6.0 * a + 24.0
-            n = c.volterra_points
+            n = c.accuracy.volterra_points
             t = np.linspace(0.0, t_max, n + 1)
             F, g = _volterra_cdf(shape, a, t)
             F_half, g_half = _volterra_cdf(shape, a, t[::2])
@@ -266,25 +308,26 @@ def _approx_curve(cand, params, horizon, width, *, kind):
 
 
 def timing_study(c: Config, key, bar) -> list[dict]:
+    tc = c.timing
     rows = []
-    for a in c.timing_thresholds:
-        for kind in c.timing_kernels:
-            for w_rel in c.timing_widths:
-                for h_rel in c.timing_horizons:
+    for a in tc.thresholds:
+        for kind in tc.kernels:
+            for w_rel in tc.widths:
+                for h_rel in tc.horizons:
                     width = w_rel * a
-                    horizon = h_rel * a / c.timing_mu0
-                    beta = c.timing_displacement * a / width
-                    params = ddo.DDMParams(a=jnp.float32(a), mu0=jnp.float32(c.timing_mu0), beta=jnp.float32(beta),
+                    horizon = h_rel * a / tc.mu0
+                    beta = tc.displacement * a / width
+                    params = ddo.DDMParams(a=jnp.float32(a), mu0=jnp.float32(tc.mu0), beta=jnp.float32(beta),
                                            sigma=jnp.float32(1.0))
                     res = ddo.optimal_signal_times(params, horizon, kind=kind, width=width,
-                                                   grid_size=max(4 * c.timing_grid, 101))
+                                                   grid_size=max(4 * tc.grid, 101))
                     tau_approx = float(res.tau[0])
-                    grid = np.linspace(0.0, horizon, c.timing_grid)
+                    grid = np.linspace(0.0, horizon, tc.grid)
                     cand = jnp.asarray(np.concatenate([grid, [tau_approx]]), jnp.float32)[:, None]
                     key, sub = jax.random.split(key)
                     prob, se = (np.asarray(x, np.float64) for x in ddo.mc_response_probability(
-                        sub, cand, params, horizon, kind=kind, width=width, dt=c.timing_dt * a,
-                        num_paths=c.timing_paths))
+                        sub, cand, params, horizon, kind=kind, width=width, dt=tc.dt * a,
+                        num_paths=tc.paths))
                     approx_curve = np.asarray(_approx_curve(cand, params, jnp.float32(horizon), jnp.float32(width),
                                                             kind=kind), np.float64)
                     i_best = int(np.argmax(prob[:-1]))
@@ -310,26 +353,27 @@ def timing_study(c: Config, key, bar) -> list[dict]:
 
 
 def watch_time_study(c: Config, key, bar) -> dict:
+    w = c.watch_time
     k_users, k_sess = jax.random.split(key)
-    users = ddo.sample_users(k_users, c.num_users)
-    sessions = ddo.simulate_sessions(k_sess, users, num_sessions=c.train_sessions + c.test_sessions,
-                                     max_signals=c.max_signals, video_length=c.video_length, kind=c.env_kernel,
-                                     width=c.env_width, dt=c.env_dt)
-    train, test = ddo.split_sessions(sessions, c.train_sessions)
+    users = ddo.sample_users(k_users, w.num_users)
+    sessions = ddo.simulate_sessions(k_sess, users, num_sessions=w.train_sessions + w.test_sessions,
+                                     max_signals=w.max_signals, video_length=w.video_length, kind=w.kernel,
+                                     width=w.width, dt=w.dt)
+    train, test = ddo.split_sessions(sessions, w.train_sessions)
     bar.update(1)
-    kw = dict(kind=c.env_kernel, width=c.env_width)
+    kw = dict(kind=w.kernel, width=w.width)
     fitted, scores, history = {}, {}, {}
     for model in ddo.MODELS:
-        params, hist = ddo.fit_users(train, model=model, lapse=c.lapse, num_iters=c.fit_iters, **kw)
+        params, hist = ddo.fit_users(train, model=model, lapse=w.lapse, num_iters=w.fit_iters, **kw)
         fitted[model] = params
         history[model] = np.asarray(hist).tolist()
-        scores[model] = ddo.evaluate_predictions(params, test, model=model, event_horizon=c.event_horizon,
-                                                 lapse=c.lapse, **kw)
+        scores[model] = ddo.evaluate_predictions(params, test, model=model, event_horizon=w.event_horizon,
+                                                 lapse=w.lapse, **kw)
         bar.update(1)
     oracle = ddo.DDMParams(a=users.a / users.sigma, mu0=users.mu0 / users.sigma, beta=users.beta / users.sigma,
                            sigma=jnp.ones_like(users.a))
-    scores["oracle"] = ddo.evaluate_predictions(oracle, test, model="tangent", event_horizon=c.event_horizon,
-                                                lapse=c.lapse, **kw)
+    scores["oracle"] = ddo.evaluate_predictions(oracle, test, model="tangent", event_horizon=w.event_horizon,
+                                                lapse=w.lapse, **kw)
     bar.update(1)
     rec = {}
     for name in ("a", "mu0", "beta"):
@@ -338,9 +382,9 @@ def watch_time_study(c: Config, key, bar) -> dict:
     # Calibration curve data for the plot.
     calib = {}
     for model, params in (("tangent", fitted["tangent"]), ("constant", fitted["constant"]), ("oracle", oracle)):
-        p = np.asarray(ddo.event_probability(params, test, c.event_horizon, model="constant" if model == "constant"
+        p = np.asarray(ddo.event_probability(params, test, w.event_horizon, model="constant" if model == "constant"
                                              else "tangent", **kw)).ravel()
-        obs = np.asarray((test.time <= c.event_horizon) & ~test.censored).ravel()
+        obs = np.asarray((test.time <= w.event_horizon) & ~test.censored).ravel()
         idx = np.minimum((p * 10).astype(int), 9)
         calib[model] = [(float(p[idx == b].mean()), float(obs[idx == b].mean()), int((idx == b).sum()))
                         for b in range(10) if (idx == b).any()]
@@ -352,9 +396,6 @@ def watch_time_study(c: Config, key, bar) -> dict:
 # ----------------------------------------------------------------------------------------------------
 # Run, verdict, plots.
 # ----------------------------------------------------------------------------------------------------
-
-
-STUDIES = ("accuracy", "timing", "watch_time")
 
 
 def headline(metrics: Mapping[str, Any]) -> str:
@@ -395,37 +436,30 @@ def _cause(c: Config, accuracy: dict, metrics: dict, env: dict | None) -> tuple[
                               + ("peaks at the largest a" if at_end else f"rises past its peak at steps {v['rises']}")))
     if "timing_ok" in metrics and not metrics["timing_ok"]:
         lo, hi = metrics["timing_median_rel_regret_min_a"], metrics["timing_median_rel_regret_max_a"]
-        one_a = len(set(c.timing_thresholds)) == 1  # no trend over a to tell a scale limit from the spec's
+        one_a = len(set(c.timing.thresholds)) == 1  # no trend over a to tell a scale limit from the spec's
         found.append(("scale" if hi < lo or one_a else "spec",
-                      f"median relative timing regret {lo:.0%} at a={min(c.timing_thresholds):g} -> {hi:.0%} at "
-                      f"a={max(c.timing_thresholds):g}"
-                      + (f" (one threshold, {c.timing_paths} paths)" if one_a else "")))
+                      f"median relative timing regret {lo:.0%} at a={min(c.timing.thresholds):g} -> {hi:.0%} at "
+                      f"a={max(c.timing.thresholds):g}"
+                      + (f" (one threshold, {c.timing.paths} paths)" if one_a else "")))
     if env is not None and not metrics.get("env_ok", True):
         o, k = metrics["nll_oracle"], metrics["nll_constant"]
         found.append(("scale" if o < k else "spec",
                       f"watch-time NLL fitted {metrics['nll_tangent']:.3f}, oracle {o:.3f}, constant drift {k:.3f} "
-                      f"({c.num_users} users x {c.train_sessions} sessions)"))
+                      f"({c.watch_time.num_users} users x {c.watch_time.train_sessions} sessions)"))
     if not found:
         return None, ""
     return found[0][0], "; ".join(f"{text} ({cls})" for cls, text in found)
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    unknown = [s for s in c.studies if s not in STUDIES]
-    if unknown or not c.studies:
-        raise ValueError(f"studies must be a non-empty subset of {STUDIES}; got {c.studies}")
-    for shape in c.accuracy_shapes:
-        _shape_spec(shape, 1.0)
-    if len(c.accuracy_thresholds) < 2 or any(x >= y for x, y in zip(c.accuracy_thresholds, c.accuracy_thresholds[1:])):
-        raise ValueError(f"accuracy_thresholds needs >= 2 strictly increasing values; got {c.accuracy_thresholds}")
     key = jax.random.key(c.seed)
     k_timing, k_env = jax.random.split(key)
-    n_timing = len(c.timing_thresholds) * len(c.timing_kernels) * len(c.timing_widths) * len(c.timing_horizons)
-    total = (len(c.accuracy_shapes) * len(c.accuracy_thresholds) * ("accuracy" in c.studies)
+    n_timing = len(c.timing.thresholds) * len(c.timing.kernels) * len(c.timing.widths) * len(c.timing.horizons)
+    total = (len(c.accuracy.shapes) * len(c.accuracy.thresholds) * ("accuracy" in c.studies)
              + n_timing * ("timing" in c.studies) + 4 * ("watch_time" in c.studies))
     with tqdm(total=total, desc="ddm_signals", disable=not c.progress) as bar:
         accuracy = accuracy_study(c, bar) if "accuracy" in c.studies else {}
-        anchors = anchor_study() if c.anchors and "accuracy" in c.studies else {}
+        anchors = anchor_study() if c.accuracy.anchors and "accuracy" in c.studies else {}
         timing = timing_study(c, k_timing, bar) if "timing" in c.studies else []
         env = watch_time_study(c, k_env, bar) if "watch_time" in c.studies else None
 
@@ -434,7 +468,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     if accuracy:
         # Spec 7(a)/(b): the closed form is "valid when a is large", "asymptotically exact as a -> inf":
         # past its peak over the a grid the error falls, for every shape and both measures.
-        a_lo, a_hi = c.accuracy_thresholds[0], c.accuracy_thresholds[-1]
+        a_lo, a_hi = c.accuracy.thresholds[0], c.accuracy.thresholds[-1]
         # Resolution: the integral equation's n vs n/2 error plus the closed form's float32 rounding.
         for measure, ref_key, label in (("sup_cdf_error", "reference_error", "sup|F_hat-F|"),
                                         ("l1_density_error", "reference_l1_error", "int|f_hat-f|")):
@@ -459,7 +493,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
             parts.append(f"The spec's approximation anchors are matched to {dev:.1e}.")
         metrics["accuracy_ok"] = all(ch.passed for ch in acc_checks)
     if timing:
-        a_max, a_min = max(c.timing_thresholds), min(c.timing_thresholds)
+        a_max, a_min = max(c.timing.thresholds), min(c.timing.thresholds)
         rel_max = [r["rel_regret"] for r in timing if r["a"] == a_max]
         rel_min = [r["rel_regret"] for r in timing if r["a"] == a_min]
         abs_max = [r["regret"] for r in timing if r["a"] == a_max]
@@ -468,7 +502,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         checks.append(Check(
             f"timing: median regret of tau*_approx relative to the timing gain at a={a_max:g}", median_rel_max,
             paper="closed-form optimal timing near the Monte-Carlo optimum",
-            threshold=f"<= {c.timing_max_rel_regret:g}", passed=median_rel_max <= c.timing_max_rel_regret,
+            threshold=f"<= {c.timing.max_rel_regret:g}", passed=median_rel_max <= c.timing.max_rel_regret,
             note=f"{median_rel_min:.0%} at a={a_min:g}; max absolute regret {max(abs_max):.4f}"))
         parts.append(
             f"Timing: {len(wrong_type)}/{len(timing)} configs put tau*_approx at the wrong kind of optimum (boundary "
@@ -589,18 +623,21 @@ EXPERIMENT = registry.Experiment(
     slug="ddm_signals",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(studies=("accuracy", "timing"), accuracy_thresholds=(2.0, 8.0),
-                                accuracy_shapes=("step_up", "decay"),
-                                volterra_points=400, anchors=False, timing_thresholds=(4.0,),
-                                timing_kernels=("transient",), timing_widths=(0.25,), timing_horizons=(1.0,),
-                                timing_grid=9, timing_paths=1000, timing_dt=0.01, num_users=6, train_sessions=8,
-                                test_sessions=4, fit_iters=10, env_dt=0.05, progress=False),
+        "smoke": lambda: Config(
+            studies=("accuracy", "timing"),
+            accuracy=AccuracySection(thresholds=(2.0, 8.0), shapes=("step_up", "decay"), volterra_points=400,
+                                     anchors=False),
+            timing=TimingSection(thresholds=(4.0,), kernels=("transient",), widths=(0.25,), horizons=(1.0,), grid=9,
+                                 paths=1000, dt=0.01),
+            watch_time=WatchTimeSection(num_users=6, train_sessions=8, test_sessions=4, fit_iters=10, dt=0.05),
+            progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(accuracy_thresholds=(1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0),
-                                volterra_points=6000,
-                                timing_thresholds=(4.0, 16.0, 64.0), timing_kernels=("pulse", "decay", "transient"),
-                                timing_grid=101, timing_paths=50_000, timing_dt=0.0025, num_users=1000,
-                                train_sessions=100, test_sessions=50, fit_iters=1000),
+        "paper": lambda: Config(
+            accuracy=AccuracySection(thresholds=(1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0),
+                                     volterra_points=6000),
+            timing=TimingSection(thresholds=(4.0, 16.0, 64.0), kernels=("pulse", "decay", "transient"), grid=101,
+                                 paths=50_000, dt=0.0025),
+            watch_time=WatchTimeSection(num_users=1000, train_sessions=100, test_sessions=50, fit_iters=1000)),
     },
     run=run,
 )

@@ -1,13 +1,13 @@
 """N-MARS (<UNDO> token): plain SFT vs SFT on augmented traces vs masked SFT vs masked SFT + GRPO.
 
-Tasks (`task=`):
+Tasks (`task.name`):
 
-  * "sort" (default): sort `sort_length` numbers drawn from [0, `sort_values`),
+  * "sort" (default): sort `task.sort_length` numbers drawn from [0, `task.sort_values`),
     one token per number (`experiments.tasks.sorting.SortingTask`). The next
     output depends on what is already written (the smallest remaining number),
     so a wrongly emitted number is detectable from the context.
   * "msd_addition": most-significant-digit-first addition of two zero-padded
-    `num_digits` numbers (`ArithmeticTask(pad_operands=True)`, e.g.
+    `task.num_digits` numbers (`ArithmeticTask(pad_operands=True)`, e.g.
     "0123+4567=04690"). Our first quick run used it (4 digits): the warm-start
     model already reached 0.994 exact match greedy and sampled, leaving no room
     for corrections, so the default moved to sorting (criterion unchanged).
@@ -15,8 +15,8 @@ Tasks (`task=`):
 Pipeline (per seed, same data stream for every arm):
 
   0. Warm start: a tiny decoder LM (vocabulary V, no <UNDO>) trained by plain
-     SFT for `base_steps` on clean problems.
-  1. Four arms continue from it for `sft_steps` more steps:
+     SFT for `train.base_steps` on clean problems.
+  1. Four arms continue from it for `train.sft_steps` more steps:
      (A) plain SFT on clean data. For one shared compilation it runs in the
          extended vocabulary, but <UNDO> is never a target and A is decoded with
          p(UNDO)=0 (`nmars.NoUndoSampler`), which is exactly plain decoding;
@@ -24,16 +24,16 @@ Pipeline (per seed, same data stream for every arm):
          V + 1 with a semantically initialised <UNDO> (mean of all embeddings:
          a character vocabulary has no "undo"-like word);
      (C) N-MARS masked SFT (mSFT) on the same augmented traces;
-     (D) C followed by `rl_steps` GRPO iterations with the <UNDO> reward
+     (D) C followed by `rl.steps` GRPO iterations with the <UNDO> reward
          (`algorithms.rl.nmars.make_reward_fn`).
-     Augmented traces (`augmentation=`):
+     Augmented traces (`augment.kind`):
        * "inferred" (the spec's simple variant, quick preset): for
-         `augment_fraction` of the rows, the warm-start model's own deviation
-         (k in `deviation_lengths`, at a position where its greedy top-1 is
+         `augment.fraction` of the rows, the warm-start model's own deviation
+         (k in `augment.deviation_lengths`, at a position where its greedy top-1 is
          wrong when there is one) followed by k <UNDO>s and the reference;
        * "diff" (the paper's, Section 3.1, Eq. 2-5): the warm-start model samples
          a completion for every training prompt (temperature
-         `sample_temperature`), the sample is aligned to the reference by its
+         `augment.sample_temperature`), the sample is aligned to the reference by its
          maximal matching blocks (`difflib`), and each error span is followed by
          one <UNDO> per error token and the reference's correction
          (`nmars.diff_augment_batch`); a correct sample leaves its row clean.
@@ -56,6 +56,9 @@ Recipe:
     python -m experiments run nmars --preset quick   # 2 CPU cores, about 2 minutes
     python -m experiments run nmars --preset diff_study   # the paper's augmentation, 3 seeds (issue 33)
     python -m experiments run nmars --preset paper   # bigger model, longer training, accelerator
+    python -m experiments run nmars --preset smoke --augment.kind inferred   # one field of a config section
+
+Config sections (`run nmars --help` lists every field): task, model, train, augment, undo, rl, decode, eval.
 
 The quick preset is small (2 layers, 64 wide, one seed); differences of about
 two standard errors or less are within noise.
@@ -116,78 +119,133 @@ AUGMENTATIONS = ("inferred", "diff")
 BASE_STEPS_WEAK = 300  # warm-start steps whose sampled EM is about 0.5 (measured, see the module docstring)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """nmars settings (every field can be overridden on the command line)."""
+TASKS = ("sort", "msd_addition")
 
-    task: str = "sort"  # "sort" (lists of sort_length numbers in [0, sort_values)) or "msd_addition"
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskSection:
+    """The problems (``--task.name msd_addition --task.num-digits 4``)."""
+
+    name: str = "sort"  # "sort" (lists of sort_length numbers in [0, sort_values)) or "msd_addition"
     sort_length: int = 8
     sort_values: int = 50
     num_digits: int = 4  # msd_addition: zero-padded operands, answer most significant digit first
     test_fraction: float = 0.1
-    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """The warm start (plain SFT from scratch) and the SFT arms A-C continued from it (``--train.sft-steps 300``)."""
+
+    batch: int = 64
     base_steps: int = 1200
     base_lr: float = 3e-3
     sft_steps: int = 600
     sft_lr: float = 1e-3
-    batch: int = 64
-    augmentation: str = "inferred"  # "inferred" (spec's simple variant) or "diff" (paper Section 3.1, Eq. 2-5)
-    augment_fraction: float = 0.5
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AugmentSection:
+    """The augmented traces of arms B and C (``--augment.kind diff``)."""
+
+    kind: str = "inferred"  # "inferred" (spec's simple variant) or "diff" (paper Section 3.1, Eq. 2-5)
+    fraction: float = 0.5
     diff_spans: str = "all"  # diff: "all" (paper Eq. 5, every divergence repaired) or "first"
     diff_alignment: str = "diff"  # diff: "diff" (maximal matching blocks, paper Eq. 3) or "prefix" (control)
     sample_temperature: float = 1.0  # diff: temperature of the warm-start samples that are aligned (0 = greedy)
     sample_extra_tokens: int = 2  # diff: sample budget beyond the answer + EOS
-    deviation_lengths: tuple[int, ...] = (1, 2, 3)
-    position_mode: str = "hard"
-    deviation_temperature: float = 1.0
-    undo_init: str = "semantic"
-    undo_semantic_chars: str = ""  # "" = mean of all embeddings (a char vocabulary has no "undo" word)
-    rl_steps: int = 100
-    rl_prompts: int = 16
+    deviation_lengths: tuple[int, ...] = (1, 2, 3)  # inferred: the deviation's length k
+    position_mode: str = "hard"  # inferred
+    deviation_temperature: float = 1.0  # inferred
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UndoSection:
+    """The <UNDO> token's initial embedding (``--undo.init zero``)."""
+
+    init: str = "semantic"
+    semantic_chars: str = ""  # "" = mean of all embeddings (a char vocabulary has no "undo" word)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RLSection:
+    """Arm D: GRPO from C with the <UNDO> reward (``--rl.steps 200``)."""
+
+    steps: int = 100
+    prompts: int = 16
     group_size: int = 8
-    rl_lr: float = 1e-4
-    temperature: float = 1.0
+    lr: float = 1e-4
     alpha: float = 0.05
     beta: float = 0.05
     max_undos: int = 8
     reward_mode: str = "token"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecodeSection:
+    """Sampling of the GRPO rollouts and of the evaluation (``--decode.temperature 0.7``)."""
+
+    temperature: float = 1.0
     extra_new_tokens: int = 6  # raw budget beyond the answer + EOS, for <UNDO>s and erased tokens
-    eval_problems: int = 512
-    eval_chunk: int = 512
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """The held-out problems (``--eval.problems 1024``)."""
+
+    problems: int = 512
+    chunk: int = 512
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """nmars settings, in sections overridden on the command line as ``--augment.kind diff``."""
+
+    task: TaskSection = TaskSection()
+    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192)
+    train: TrainSection = TrainSection()
+    augment: AugmentSection = AugmentSection()
+    undo: UndoSection = UndoSection()
+    rl: RLSection = RLSection()
+    decode: DecodeSection = DecodeSection()
+    eval: EvalSection = EvalSection()
     checkpoint: bool = True
     seed: int = 0
     seeds: tuple[int, ...] = ()  # () = one run with `seed`; else the whole pipeline once per seed
     progress: bool = True
 
     def __post_init__(self):
-        if self.augmentation not in AUGMENTATIONS:
-            raise ValueError(f"augmentation: expected one of {AUGMENTATIONS}, got {self.augmentation!r}")
-        if self.diff_spans not in nmars.SPANS:
-            raise ValueError(f"diff_spans: expected one of {nmars.SPANS}, got {self.diff_spans!r}")
-        if self.diff_alignment not in nmars.ALIGNMENTS:
-            raise ValueError(f"diff_alignment: expected one of {nmars.ALIGNMENTS}, got {self.diff_alignment!r}")
-        if self.sample_temperature < 0 or self.sample_extra_tokens < 0:
-            raise ValueError(f"sample_temperature, sample_extra_tokens: expected >= 0, got "
-                             f"{self.sample_temperature}, {self.sample_extra_tokens}")
+        err, a = registry.ConfigError, self.augment
+        if self.task.name not in TASKS:
+            raise err("task.name", f"must be one of {TASKS}; got {self.task.name!r}")
+        if a.kind not in AUGMENTATIONS:
+            raise err("augment.kind", f"must be one of {AUGMENTATIONS}; got {a.kind!r}")
+        if a.diff_spans not in nmars.SPANS:
+            raise err("augment.diff_spans", f"must be one of {nmars.SPANS}; got {a.diff_spans!r}")
+        if a.diff_alignment not in nmars.ALIGNMENTS:
+            raise err("augment.diff_alignment", f"must be one of {nmars.ALIGNMENTS}; got {a.diff_alignment!r}")
+        for name in ("sample_temperature", "sample_extra_tokens"):
+            if getattr(a, name) < 0:
+                raise err(f"augment.{name}", f"must be >= 0; got {getattr(a, name)}")
         if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds: expected distinct seeds, got {self.seeds}")
+            raise err("seeds", f"must be distinct; got {self.seeds}")
 
 
 def _task(c: Config):
     """(task, prompt length, answer length, answer characters) of the configured task."""
-    if c.task == "sort":
-        task = SortingTask(length=c.sort_length, num_values=c.sort_values, test_fraction=c.test_fraction,
+    if c.task.name == "sort":
+        task = SortingTask(length=c.task.sort_length, num_values=c.task.sort_values, test_fraction=c.task.test_fraction,
                            seed=c.seed)
         return task, task.prompt_len, task.answer_len, task.answer_chars
-    if c.task == "msd_addition":
-        task = ArithmeticTask(num_digits=c.num_digits, operations=("+",), pad_operands=True,
-                              test_fraction=c.test_fraction, seed=c.seed)
-        return task, 1 + 2 * c.num_digits + 2, c.num_digits + 1, "0123456789"
-    raise ValueError(f"task: expected 'sort' or 'msd_addition', got {c.task!r}")
+    if c.task.name == "msd_addition":
+        task = ArithmeticTask(num_digits=c.task.num_digits, operations=("+",), pad_operands=True,
+                              test_fraction=c.task.test_fraction, seed=c.seed)
+        return task, 1 + 2 * c.task.num_digits + 2, c.task.num_digits + 1, "0123456789"
+    raise registry.ConfigError("task.name", f"must be one of {TASKS}; got {c.task.name!r}")
 
 
 def _clean_batch(c: Config, task, position: int, seq_len: int):
-    prompts, answers = task.sample(c.batch, split="train", seed=1_000_000 + position)
+    prompts, answers = task.sample(c.train.batch, split="train", seed=1_000_000 + position)
     return lm_batch(task.tokenizer(), prompts, answers, seq_len=seq_len), answers
 
 
@@ -257,7 +315,7 @@ def headline(metrics: Mapping[str, Any]) -> str:
 
 def _diff_width(c: Config, prompt_len: int, answer_len: int) -> int:
     """Widest diff-augmented row: prompt + sample (m) + its <UNDO>s (<= m) + corrections (<= L) + EOS."""
-    sample_new = answer_len + 1 + c.sample_extra_tokens
+    sample_new = answer_len + 1 + c.augment.sample_extra_tokens
     return prompt_len + 2 * sample_new + answer_len + 1
 
 
@@ -266,12 +324,12 @@ def _run_seed(c: Config, workdir: epath.Path) -> dict:
     task, prompt_len, answer_len, answer_chars = _task(c)
     tok = task.tokenizer()
     seq_len = task.max_seq_len
-    aug_len = seq_len + 2 * max(c.deviation_lengths)
+    aug_len = seq_len + 2 * max(c.augment.deviation_lengths)
     base_len = aug_len  # the warm start's batch width (the quick preset's, kept for its checkpoints)
-    if c.augmentation == "diff":
+    if c.augment.kind == "diff":
         aug_len = max(aug_len, _diff_width(c, prompt_len, answer_len))
         base_len = seq_len
-    max_new = answer_len + 1 + c.extra_new_tokens
+    max_new = answer_len + 1 + c.decode.extra_new_tokens
     model_cfg = c.model.transformer(tok.vocab_size)
     ext_cfg = nmars.extend_config(model_cfg)
     digit_ids = tok.encode(answer_chars)
@@ -280,15 +338,16 @@ def _run_seed(c: Config, workdir: epath.Path) -> dict:
     make = lambda: Transformer(model_cfg, rngs=nnx.Rngs(c.seed))
     base_graphdef, _ = nnx.split(nnx.eval_shape(make), nnx.Param)
     init = jax.jit(lambda: nnx.to_pure_dict(nnx.split(make(), nnx.Param)[1]))()  # one compile, not one per op
-    if c.base_steps > 0:
-        base_opt_cfg = _opt_config(c.base_steps, c.base_lr)
+    if c.train.base_steps > 0:
+        base_opt_cfg = _opt_config(c.train.base_steps, c.train.base_lr)
         base_opt = training.make_optimizer(base_opt_cfg)
         base = _continue(c, "base", training.make_train_step(base_graphdef, base_opt), base_opt, init,
                          lambda pos: {k: v for k, v in _clean_batch(c, task, pos, base_len)[0].items()
                                       if k in ("inputs", "targets", "loss_mask")},
-                         c.base_steps, workdir, repr(("base", model_cfg, base_opt_cfg, c.batch, c.task, c.num_digits,
-                                                      c.sort_length, c.sort_values, c.test_fraction, c.seed)
-                                                     + ((base_len,) if c.augmentation == "diff" else ())))
+                         c.train.base_steps, workdir,
+                         repr(("base", model_cfg, base_opt_cfg, c.train.batch, c.task.name, c.task.num_digits,
+                               c.task.sort_length, c.task.sort_values, c.task.test_fraction, c.seed)
+                              + ((base_len,) if c.augment.kind == "diff" else ())))
     else:  # smoke only: no warm start (saves a compilation); the arms below still train
         base = {"params": init, "history": [{"loss": float("nan")}]}
     base_params = base["params"]
@@ -296,20 +355,22 @@ def _run_seed(c: Config, workdir: epath.Path) -> dict:
 
     # 1. Arms.
     def clean_fn(pos):
-        b, _ = _clean_batch(c, task, c.base_steps + pos, aug_len)
+        b, _ = _clean_batch(c, task, c.train.base_steps + pos, aug_len)
         return {k: b[k] for k in ("inputs", "targets", "loss_mask")}
 
     aug_log: dict[int, tuple[int, int, int]] = {}  # position -> (rows, rows with an error span, <UNDO>s)
 
     def inferred_fn(mask_deviations):
         def batch_fn(pos):
-            b, answers = _clean_batch(c, task, c.base_steps + pos, seq_len)
+            b, answers = _clean_batch(c, task, c.train.base_steps + pos, seq_len)
             comp_len = np.array([len(a) + 1 for a in answers], np.int32)
             aug = nmars.augment_batch(lambda x: base_forward(base_params, jnp.asarray(x)), b["tokens"],
                                       b["prompt_lengths"], comp_len, undo_id=undo_id,
                                       rng=np.random.default_rng([c.seed, 21, pos]), allowed_ids=digit_ids,
-                                      augment_fraction=c.augment_fraction, deviation_lengths=c.deviation_lengths,
-                                      position_mode=c.position_mode, temperature=c.deviation_temperature,
+                                      augment_fraction=c.augment.fraction,
+                                      deviation_lengths=c.augment.deviation_lengths,
+                                      position_mode=c.augment.position_mode,
+                                      temperature=c.augment.deviation_temperature,
                                       mask_deviations=mask_deviations, pad_id=tok.pad_id, seq_len=aug_len)
             return {k: aug[k] for k in ("inputs", "targets", "loss_mask")}
 
@@ -318,19 +379,19 @@ def _run_seed(c: Config, workdir: epath.Path) -> dict:
     # The paper's augmentation (Section 3.1): the warm-start model's own sample for each training prompt,
     # aligned to the reference by diff. B and C see the same traces, so the samples are drawn once.
     base_model = nnx.merge(base_graphdef, base_params)
-    sample_new = answer_len + 1 + c.sample_extra_tokens
-    base_sampler = Sampler(temperature=c.sample_temperature)
+    sample_new = answer_len + 1 + c.augment.sample_extra_tokens
+    base_sampler = Sampler(temperature=c.augment.sample_temperature)
     sample_key = jax.random.key(c.seed + 77)
     drawn: dict[int, tuple] = {}
 
     def warm_start_samples(pos):
         if pos not in drawn:
-            b, answers = _clean_batch(c, task, c.base_steps + pos, seq_len)
+            b, answers = _clean_batch(c, task, c.train.base_steps + pos, seq_len)
             out = generate(base_model, jnp.asarray(b["tokens"][:, :prompt_len]),
                            prompt_lengths=jnp.asarray(b["prompt_lengths"]), max_new_tokens=sample_new,
                            sampler=base_sampler, key=jax.random.fold_in(sample_key, pos),
                            stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
-            augment = np.random.default_rng([c.seed, 22, pos]).random(c.batch) < c.augment_fraction
+            augment = np.random.default_rng([c.seed, 22, pos]).random(c.train.batch) < c.augment.fraction
             drawn[pos] = (b, np.array([len(a) + 1 for a in answers], np.int32), np.asarray(out.tokens),
                           np.asarray(out.lengths), augment)
         return drawn[pos]
@@ -340,65 +401,68 @@ def _run_seed(c: Config, workdir: epath.Path) -> dict:
             b, comp_len, samples, sample_len, augment = warm_start_samples(pos)
             aug = nmars.diff_augment_batch(b["tokens"], b["prompt_lengths"], comp_len, samples, sample_len,
                                            undo_id=undo_id, eos_id=tok.eos_id, augment=augment,
-                                           spans=c.diff_spans, alignment=c.diff_alignment,
+                                           spans=c.augment.diff_spans, alignment=c.augment.diff_alignment,
                                            mask_errors=mask_errors, pad_id=tok.pad_id, seq_len=aug_len)
             aug_log[pos] = (int(augment.sum()), int((aug["num_undo"] > 0).sum()), int(aug["num_undo"].sum()))
             return {k: aug[k] for k in ("inputs", "targets", "loss_mask")}
 
         return batch_fn
 
-    aug_fn = diff_fn if c.augmentation == "diff" else inferred_fn
-    semantic = tok.encode(c.undo_semantic_chars) if c.undo_semantic_chars else None
-    ext_params, undo_id = nmars.add_undo_token(base_params, init=c.undo_init, semantic_ids=semantic,
+    aug_fn = diff_fn if c.augment.kind == "diff" else inferred_fn
+    semantic = tok.encode(c.undo.semantic_chars) if c.undo.semantic_chars else None
+    ext_params, undo_id = nmars.add_undo_token(base_params, init=c.undo.init, semantic_ids=semantic,
                                                key=jax.random.key(c.seed + 5))
-    aug_extra = (c.augment_fraction, c.deviation_lengths, c.position_mode, c.deviation_temperature, c.undo_init,
-                 c.undo_semantic_chars, c.base_steps, c.base_lr)
-    if c.augmentation == "diff":
-        aug_extra += ("diff", c.diff_spans, c.diff_alignment, c.sample_temperature, c.sample_extra_tokens)
+    aug_extra = (c.augment.fraction, c.augment.deviation_lengths, c.augment.position_mode,
+                 c.augment.deviation_temperature, c.undo.init, c.undo.semantic_chars, c.train.base_steps,
+                 c.train.base_lr)
+    if c.augment.kind == "diff":
+        aug_extra += ("diff", c.augment.diff_spans, c.augment.diff_alignment, c.augment.sample_temperature,
+                      c.augment.sample_extra_tokens)
     # A, B and C continue in the extended vocabulary with one shared compiled step. A never sees an
     # <UNDO> target and is decoded with p(UNDO)=0, which is exactly plain SFT decoding (tested).
     ext_graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(ext_cfg, rngs=nnx.Rngs(0))), nnx.Param)
-    opt_cfg = _opt_config(c.sft_steps, c.sft_lr)
+    opt_cfg = _opt_config(c.train.sft_steps, c.train.sft_lr)
     optimizer = training.make_optimizer(opt_cfg)
     step_fn = training.make_train_step(ext_graphdef, optimizer)
     arm_data = {"A_sft": clean_fn, "B_aug_unmasked": aug_fn(False), "C_msft": aug_fn(True)}
-    results = {name: _continue(c, name, step_fn, optimizer, ext_params, fn, c.sft_steps, workdir,
-                               repr((name, ext_cfg, opt_cfg, c.batch, c.num_digits, c.test_fraction, c.seed)
-                                    + aug_extra + (c.task, c.sort_length, c.sort_values)))
+    results = {name: _continue(c, name, step_fn, optimizer, ext_params, fn, c.train.sft_steps, workdir,
+                               repr((name, ext_cfg, opt_cfg, c.train.batch, c.task.num_digits, c.task.test_fraction,
+                                     c.seed) + aug_extra + (c.task.name, c.task.sort_length, c.task.sort_values)))
                for name, fn in arm_data.items()}
     params = {name: r["params"] for name, r in results.items()}
     drawn.clear()
 
     # (D) GRPO from C.
     def prompt_fn(it):
-        prompts, _ = task.sample(c.rl_prompts, split="train", seed=2_000_000 + it)
+        prompts, _ = task.sample(c.rl.prompts, split="train", seed=2_000_000 + it)
         b = prompt_batch(tok, prompts, seq_len=prompt_len)
         return grpo.PromptBatch(prompts, b["tokens"], b["prompt_lengths"])
 
     reward_fn = nmars.make_reward_fn(lambda p: tok.encode(task.answer(p)), undo_id=undo_id, eos_id=tok.eos_id,
-                                     alpha=c.alpha, beta=c.beta, max_undos=c.max_undos, mode=c.reward_mode)
-    rl_cfg = grpo.GRPOConfig(group_size=c.group_size, max_new_tokens=max_new, temperature=c.temperature,
+                                     alpha=c.rl.alpha, beta=c.rl.beta, max_undos=c.rl.max_undos, mode=c.rl.reward_mode)
+    rl_cfg = grpo.GRPOConfig(group_size=c.rl.group_size, max_new_tokens=max_new, temperature=c.decode.temperature,
                              stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
     history = []
-    if c.rl_steps > 0:
+    if c.rl.steps > 0:
         rl = grpo.train(graphdef=ext_graphdef, params=params["C_msft"], config=rl_cfg, prompt_fn=prompt_fn,
-                        optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.rl_lr)),
-                        reward_fn=reward_fn, num_steps=c.rl_steps, seed=c.seed,
+                        optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.rl.lr)),
+                        reward_fn=reward_fn, num_steps=c.rl.steps, seed=c.seed,
                         workdir=(workdir / "D_grpo") if c.checkpoint else None,
-                        checkpoint_every=max(c.rl_steps // 2, 1), log_every=max(1, c.rl_steps // 20),
+                        checkpoint_every=max(c.rl.steps // 2, 1), log_every=max(1, c.rl.steps // 20),
                         progress=c.progress, desc="nmars grpo",
-                        fingerprint=repr(("D", rl_cfg, c.rl_lr, c.rl_steps, c.rl_prompts, c.alpha, c.beta,
-                                          c.max_undos, c.reward_mode) + aug_extra + (c.sft_steps, c.sft_lr)))
+                        fingerprint=repr(("D", rl_cfg, c.rl.lr, c.rl.steps, c.rl.prompts, c.rl.alpha, c.rl.beta,
+                                          c.rl.max_undos, c.rl.reward_mode) + aug_extra
+                                         + (c.train.sft_steps, c.train.sft_lr)))
         params["D_msft_grpo"] = rl.state.params
         history = rl.history
 
     # 2. Evaluation.
-    prompts, answers = task.sample(c.eval_problems, split="test", seed=99)
+    prompts, answers = task.sample(c.eval.problems, split="test", seed=99)
     key = jax.random.key(c.seed + 123)
-    kw = dict(key=key, max_new_tokens=max_new, prompt_len=prompt_len, chunk=c.eval_chunk)
-    samplers = {"greedy": Sampler(), "sampled": Sampler(temperature=c.temperature)}
+    kw = dict(key=key, max_new_tokens=max_new, prompt_len=prompt_len, chunk=c.eval.chunk)
+    samplers = {"greedy": Sampler(), "sampled": Sampler(temperature=c.decode.temperature)}
     no_undo = {"greedy": nmars.NoUndoSampler(undo_id=undo_id),
-               "sampled": nmars.NoUndoSampler(temperature=c.temperature, undo_id=undo_id)}
+               "sampled": nmars.NoUndoSampler(temperature=c.decode.temperature, undo_id=undo_id)}
     # The warm start is decoded through its extended params with p(UNDO)=0: the same tokens as the V-vocab model.
     to_eval = [("base", ext_params, no_undo), ("A_sft", params["A_sft"], no_undo)]
     to_eval += [(n, params[n], samplers) for n in ("B_aug_unmasked", "C_msft", "D_msft_grpo") if n in params]
@@ -410,7 +474,7 @@ def _run_seed(c: Config, workdir: epath.Path) -> dict:
     augmentation = ({"rows": rows, "rows_with_error_span": err_rows, "num_undo": undos,
                      "error_share": err_rows / rows if rows else float("nan"),
                      "undo_per_augmented_row": undos / err_rows if err_rows else float("nan")}
-                    if c.augmentation == "diff" and aug_log else None)
+                    if c.augment.kind == "diff" and aug_log else None)
     return {"evals": evals, "num_eval_problems": len(prompts), "undo_id": undo_id, "history": history,
             "train_loss": {n: r["history"][-1]["loss"] for n, r in results.items()},
             "base_train_loss": base["history"][-1]["loss"], "augmentation": augmentation}
@@ -468,9 +532,9 @@ def _se(p: float, n: int) -> float:
 
 
 def _task_name(c: Config) -> str:
-    if c.task == "sort":
-        return f"sorting {c.sort_length} numbers in [0, {c.sort_values})"
-    return f"MSD-first {c.num_digits}-digit addition"
+    if c.task.name == "sort":
+        return f"sorting {c.task.sort_length} numbers in [0, {c.task.sort_values})"
+    return f"MSD-first {c.task.num_digits}-digit addition"
 
 
 _STUDY = "diff_study"  # the extra preset that runs the paper's augmentation over 3 seeds
@@ -553,21 +617,21 @@ def _diagnosis(em: Callable[[str], float], prec: Callable[[str], float], aug: di
 def _verdict(evals: dict, c: Config, n: int, *, augmentation: dict | None = None):
     em = lambda arm: evals[arm]["sampled"]["exact_match"]
     prec = lambda arm: evals[arm]["sampled"]["precision"]
-    aug_txt = ("the paper's diff alignment of the warm start's own samples (Section 3.1)" if c.augmentation == "diff"
+    aug_txt = ("the paper's diff alignment of the warm start's own samples (Section 3.1)" if c.augment.kind == "diff"
                else "the spec's inferred simple augmentation (one deviation of the warm start at a hard position)")
     parts = [
         _PAPER,
-        f"Ours: {_task_name(c)}, {n} held-out problems, warm start {c.base_steps} steps, then {c.sft_steps} steps "
-        f"per arm on {aug_txt}, GRPO {c.rl_steps} iterations x {c.rl_prompts} x {c.group_size} (one seed; +- is "
-        f"the binomial SE).",
+        f"Ours: {_task_name(c)}, {n} held-out problems, warm start {c.train.base_steps} steps, then "
+        f"{c.train.sft_steps} steps per arm on {aug_txt}, GRPO {c.rl.steps} iterations x {c.rl.prompts} x "
+        f"{c.rl.group_size} (one seed; +- is the binomial SE).",
         "; ".join(_row(evals, a, n) for a in ["base", *ARMS, "C_msft_no_undo"] if a in evals) + ".",
     ]
     has_rl = "D_msft_grpo" in evals
     if not has_rl:
-        parts.append("No GRPO arm ran (rl_steps=0): criterion not evaluated.")
+        parts.append("No GRPO arm ran (rl.steps=0): criterion not evaluated.")
     checks = _checks(em, prec, has_rl, f"SE of a difference about {np.sqrt(2) * _se(em('C_msft'), n):.3f}")
     diag = _diagnosis(em, prec, augmentation)
-    if c.augmentation == "inferred":
+    if c.augment.kind == "inferred":
         study = report.stored_result("nmars", _STUDY)
         study_ok = bool(study and study.get("reproduced"))
         cause = (f"this preset trains on the spec's inferred augmentation, not the paper's, from a warm start that "
@@ -619,12 +683,14 @@ def _verdict_seeds(runs: dict, evals: dict, c: Config, n: int):
             f"{_se(0.5, n):.3f}")
     checks = _checks(em, prec, has_rl, note)
     aug_txt = ("the paper's diff alignment of the warm start's own samples (Section 3.1, Eq. 2-5; "
-               f"spans={c.diff_spans}, alignment={c.diff_alignment}, sample temperature {c.sample_temperature})"
-               if c.augmentation == "diff" else "the spec's inferred simple augmentation")
+               f"spans={c.augment.diff_spans}, alignment={c.augment.diff_alignment}, sample temperature "
+               f"{c.augment.sample_temperature})"
+               if c.augment.kind == "diff" else "the spec's inferred simple augmentation")
     parts = [
         _PAPER,
-        f"Ours: {_task_name(c)}, {n} held-out problems, warm start {c.base_steps} steps, then {c.sft_steps} steps "
-        f"per arm on {aug_txt}, GRPO {c.rl_steps} iterations x {c.rl_prompts} x {c.group_size}, seeds {seeds}.",
+        f"Ours: {_task_name(c)}, {n} held-out problems, warm start {c.train.base_steps} steps, then "
+        f"{c.train.sft_steps} steps per arm on {aug_txt}, GRPO {c.rl.steps} iterations x {c.rl.prompts} x "
+        f"{c.rl.group_size}, seeds {seeds}.",
         f"Mean sampled EM +- SE over seeds: {means}; mean sampled UNDO precision "
         + ", ".join(f"{a} {prec(a):.2f}" for a in ("B_aug_unmasked", "C_msft", "D_msft_grpo") if a in evals) + ".",
         "; ".join(seed_rows) + ".",
@@ -665,19 +731,22 @@ EXPERIMENT = registry.Experiment(
     slug="nmars",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(sort_length=3, sort_values=8, augmentation="diff", augment_fraction=1.0,
+        "smoke": lambda: Config(task=TaskSection(sort_length=3, sort_values=8),
+                                augment=AugmentSection(kind="diff", fraction=1.0),
                                 model=LMConfig(d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32),
-                                base_steps=0, sft_steps=5, batch=8, rl_steps=0, rl_prompts=2, group_size=4,
-                                eval_problems=8, eval_chunk=8, checkpoint=False, progress=False, seeds=(0, 1)),
+                                train=TrainSection(base_steps=0, sft_steps=5, batch=8),
+                                rl=RLSection(steps=0, prompts=2, group_size=4), eval=EvalSection(problems=8, chunk=8),
+                                checkpoint=False, progress=False, seeds=(0, 1)),
         "quick": lambda: Config(),
         # Issue 33: the paper's augmentation (diff alignment of the warm start's own samples, every row),
-        # a weaker warm start (base_steps chosen, before the study, so that its sampled EM is about 0.5) and
-        # 3 seeds; the criterion is the quick preset's. Over 5 CPU minutes, hence not the quick preset.
-        _STUDY: lambda: Config(augmentation="diff", augment_fraction=1.0, base_steps=BASE_STEPS_WEAK, seeds=(0, 1, 2)),
-        "paper": lambda: Config(sort_length=16, sort_values=100,
+        # a weaker warm start (train.base_steps chosen, before the study, so that its sampled EM is about 0.5)
+        # and 3 seeds; the criterion is the quick preset's. Over 5 CPU minutes, hence not the quick preset.
+        _STUDY: lambda: Config(augment=AugmentSection(kind="diff", fraction=1.0),
+                               train=TrainSection(base_steps=BASE_STEPS_WEAK), seeds=(0, 1, 2)),
+        "paper": lambda: Config(task=TaskSection(sort_length=16, sort_values=100),
                                 model=LMConfig(d_model=128, num_layers=4, num_heads=8, num_kv_heads=2, d_ff=512),
-                                base_steps=8000, sft_steps=4000, batch=256, rl_steps=200, rl_prompts=64,
-                                eval_problems=4096, eval_chunk=1024),
+                                train=TrainSection(base_steps=8000, sft_steps=4000, batch=256),
+                                rl=RLSection(steps=200, prompts=64), eval=EvalSection(problems=4096, chunk=1024)),
     },
     run=run,
 )

@@ -32,6 +32,9 @@ the family has no point at or below QVG's bits, its cheapest point is used, whic
     python -m experiments run qvg --preset smoke   # seconds, used by the tests
     python -m experiments run qvg --preset quick   # 2 CPU cores, a few minutes
     python -m experiments run qvg --preset paper   # bigger frames, longer spans, more videos
+    python -m experiments run qvg --preset smoke --quant.num-centroids 8   # one field of a config section
+
+Config sections (`run qvg --help` lists every field): video, model, train, eval, quant, ablate.
 """
 
 from __future__ import annotations
@@ -58,74 +61,146 @@ BASELINES = ("rtn", "kivi", "quarot", "quarot_asym")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    # videos
+class VideoSection:
+    """The generated moving-shape videos (``--video.speed 2``)."""
+
     size: int = 32
     patch: int = 4
     num_shapes: int = 3
     speed: float = 1.0
     noise: float = 0.0
-    # model and training
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    """The video transformer (``--model.d-model 128``)."""
+
     d_model: int = 64
     num_heads: int = 1
     num_layers: int = 2
-    train_frames: int = 20
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """Next-frame training (``--train.steps 800``); `frames` is also the model's maximum clip length."""
+
+    frames: int = 20
     batch_size: int = 2
-    train_steps: int = 400
+    steps: int = 400
     learning_rate: float = 1e-3
-    # evaluation
-    eval_videos: int = 4
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """The evaluation clips and the chunk policy (``--eval.videos 8``)."""
+
+    videos: int = 4
     context_frames: int = 16
     gen_frames: int = 4
     quant_factor: int = 16
-    # quantizers
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantSection:
+    """QVG's settings and the Pareto grid of the baselines (``--quant.num-centroids 16``)."""
+
     num_centroids: int = 8
     qvg_group: int = 64
     kmeans_iters: int = 10
     baseline_groups: tuple = (16, 32, 64)
     bits: tuple = (2, 4)
-    ablate_centroids: tuple = (2, 4, 8, 16, 32)
-    ablate_groups: tuple = (16, 32, 64)
-    ablate_stages: tuple = (1, 2, 4)
-    ablate_speeds: tuple = (0.0, 0.5, 1.0, 2.0, 4.0)
-    ablate_noise: tuple = (0.0, 0.05, 0.1, 0.2)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AblateSection:
+    """The INT2 ablations: centroids, block size, stages, motion speed, pixel noise (``--ablate.speeds 0 1``)."""
+
+    centroids: tuple = (2, 4, 8, 16, 32)
+    groups: tuple = (16, 32, 64)
+    stages: tuple = (1, 2, 4)
+    speeds: tuple = (0.0, 0.5, 1.0, 2.0, 4.0)
+    noise: tuple = (0.0, 0.05, 0.1, 0.2)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """qvg settings, in sections overridden on the command line as ``--eval.gen-frames 2``."""
+
+    video: VideoSection = VideoSection()
+    model: ModelSection = ModelSection()
+    train: TrainSection = TrainSection()
+    eval: EvalSection = EvalSection()
+    quant: QuantSection = QuantSection()
+    ablate: AblateSection = AblateSection()
     seed: int = 0
     checkpoint: bool = True
     progress: bool = True
 
     def __post_init__(self):
-        if self.context_frames % self.quant_factor:
-            raise ValueError(f"context_frames ({self.context_frames}) must be a multiple of quant_factor "
-                             f"({self.quant_factor}) so that the whole context is quantized")
-        if self.context_frames + self.gen_frames > self.train_frames:
-            raise ValueError(f"context_frames + gen_frames ({self.context_frames + self.gen_frames}) must be <= "
-                             f"train_frames ({self.train_frames}), the frames the model was trained on")
-        if self.gen_frames < 2:
-            raise ValueError(f"gen_frames must be >= 2 (the first generated frame never reads the span); got "
-                             f"{self.gen_frames}")
+        err, ev = registry.ConfigError, self.eval
+        if self.train.steps < 1:
+            raise err("train.steps", f"must be >= 1; got {self.train.steps}")
+        if ev.context_frames % ev.quant_factor:
+            raise err("eval.context_frames", f"must be a multiple of eval.quant_factor ({ev.quant_factor}) so that "
+                                             f"the whole context is quantized; got {ev.context_frames}")
+        if ev.context_frames + ev.gen_frames > self.train.frames:
+            tf, cf = self.train.frames, ev.context_frames
+            raise err("eval.gen_frames", f"must be <= train.frames - eval.context_frames = {tf} - {cf} = {tf - cf} "
+                                         f"(clips stay within the frames the model was trained on); got {ev.gen_frames}")
+        if ev.gen_frames < 2:
+            raise err("eval.gen_frames", f"must be >= 2 (the first generated frame never reads the span); got "
+                                         f"{ev.gen_frames}")
+
+
+# The flat field names the config had before it was split into sections, in their old order: the
+# training fingerprint is the old flat repr, so checkpoints written before the split stay valid.
+_FLAT_FIELDS = (
+    ("size", "video.size"), ("patch", "video.patch"), ("num_shapes", "video.num_shapes"), ("speed", "video.speed"),
+    ("noise", "video.noise"), ("d_model", "model.d_model"), ("num_heads", "model.num_heads"),
+    ("num_layers", "model.num_layers"), ("train_frames", "train.frames"), ("batch_size", "train.batch_size"),
+    ("train_steps", "train.steps"), ("learning_rate", "train.learning_rate"), ("eval_videos", "eval.videos"),
+    ("context_frames", "eval.context_frames"), ("gen_frames", "eval.gen_frames"),
+    ("quant_factor", "eval.quant_factor"), ("num_centroids", "quant.num_centroids"),
+    ("qvg_group", "quant.qvg_group"), ("kmeans_iters", "quant.kmeans_iters"),
+    ("baseline_groups", "quant.baseline_groups"), ("bits", "quant.bits"), ("ablate_centroids", "ablate.centroids"),
+    ("ablate_groups", "ablate.groups"), ("ablate_stages", "ablate.stages"), ("ablate_speeds", "ablate.speeds"),
+    ("ablate_noise", "ablate.noise"), ("seed", "seed"), ("checkpoint", "checkpoint"), ("progress", "progress"),
+)
+
+
+def _fingerprint(c: Config) -> str:
+    """The training run's fingerprint: ``Config(size=32, patch=4, ...)``, the repr of the pre-sections flat config."""
+    def get(path):
+        obj = c
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        return obj
+    return "Config(" + ", ".join(f"{old}={get(path)!r}" for old, path in _FLAT_FIELDS) + ")"
 
 
 def _videos(c: Config, seed: int, n: int, frames: int, speed: float | None = None,
             noise: float | None = None) -> np.ndarray:
-    v = ms.moving_shapes(seed, num_videos=n, frames=frames, size=c.size, num_shapes=c.num_shapes,
-                         speed=c.speed if speed is None else speed, noise=c.noise if noise is None else noise)
-    return ms.patchify(v, c.patch)  # [n, F, tokens, P]
+    vc = c.video
+    v = ms.moving_shapes(seed, num_videos=n, frames=frames, size=vc.size, num_shapes=vc.num_shapes,
+                         speed=vc.speed if speed is None else speed, noise=vc.noise if noise is None else noise)
+    return ms.patchify(v, vc.patch)  # [n, F, tokens, P]
 
 
 def _model_cfg(c: Config) -> VideoConfig:
-    return VideoConfig(patch_pixels=c.patch**2, tokens_per_frame=(c.size // c.patch) ** 2,
-                       max_frames=c.train_frames, d_model=c.d_model, num_heads=c.num_heads, num_layers=c.num_layers)
+    return VideoConfig(patch_pixels=c.video.patch**2, tokens_per_frame=(c.video.size // c.video.patch) ** 2,
+                       max_frames=c.train.frames, d_model=c.model.d_model, num_heads=c.model.num_heads,
+                       num_layers=c.model.num_layers)
 
 
 def train_model(c: Config, workdir: pathlib.Path):
-    opt = training.OptimizerConfig(learning_rate=c.learning_rate, warmup_steps=max(1, c.train_steps // 10),
-                                   total_steps=max(1, c.train_steps), weight_decay=0.0)
-    batch_fn = lambda pos: {"patches": _videos(c, 10_000 + pos, c.batch_size, c.train_frames)}
+    opt = training.OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=max(1, c.train.steps // 10),
+                                   total_steps=max(1, c.train.steps), weight_decay=0.0)
+    batch_fn = lambda pos: {"patches": _videos(c, 10_000 + pos, c.train.batch_size, c.train.frames)}
     res = training.fit(model_fn=lambda rngs: VideoTransformer(_model_cfg(c), rngs=rngs), optimizer_config=opt,
-                       batch_fn=batch_fn, num_steps=max(1, c.train_steps), loss_fn=next_frame_loss,
+                       batch_fn=batch_fn, num_steps=max(1, c.train.steps), loss_fn=next_frame_loss,
                        workdir=(workdir / "train") if c.checkpoint else None, seed=c.seed,
-                       log_every=max(1, c.train_steps // 10), progress=c.progress, desc="qvg video model",
-                       fingerprint=repr(c))
+                       log_every=max(1, c.train.steps // 10), progress=c.progress, desc="qvg video model",
+                       fingerprint=_fingerprint(c))
     return res
 
 
@@ -135,22 +210,24 @@ def train_model(c: Config, workdir: pathlib.Path):
 def quantizers(c: Config) -> dict[str, tuple[str, qvg.Quantizer]]:
     """name -> (family, quantizer) for the Pareto comparison."""
     out = {}
-    for bits in c.bits:
-        for name, cfg in ((f"QVG int{bits}", qvg.QVGConfig(num_centroids=c.num_centroids, residual_bits=bits,
-                                                             group_size=c.qvg_group, kmeans_iters=c.kmeans_iters)),
-                          (f"QVG-Pro int{bits}", qvg.QVGConfig(num_centroids=c.num_centroids, num_stages=4,
+    qc = c.quant
+    for bits in qc.bits:
+        for name, cfg in ((f"QVG int{bits}", qvg.QVGConfig(num_centroids=qc.num_centroids, residual_bits=bits,
+                                                             group_size=qc.qvg_group, kmeans_iters=qc.kmeans_iters)),
+                          (f"QVG-Pro int{bits}", qvg.QVGConfig(num_centroids=qc.num_centroids, num_stages=4,
                                                                  group_size=16, residual_bits=bits,
-                                                                 kmeans_iters=c.kmeans_iters))):
+                                                                 kmeans_iters=qc.kmeans_iters))):
             out[name] = (name.split()[0], qvg.qvg_quantizer(cfg, name))
         for method in BASELINES:
-            for g in c.baseline_groups:
+            for g in qc.baseline_groups:
                 name = f"{method} int{bits} g{g}"
                 out[name] = (method, qvg.baseline_quantizer(method, bits=bits, group_size=g, name=name))
     return out
 
 
 def _qvg_variant(c: Config, **kw) -> qvg.Quantizer:
-    cfg = dict(num_centroids=c.num_centroids, residual_bits=2, group_size=c.qvg_group, kmeans_iters=c.kmeans_iters)
+    cfg = dict(num_centroids=c.quant.num_centroids, residual_bits=2, group_size=c.quant.qvg_group,
+               kmeans_iters=c.quant.kmeans_iters)
     cfg.update(kw)
     return qvg.qvg_quantizer(qvg.QVGConfig(**cfg), "QVG " + " ".join(f"{k}={v}" for k, v in kw.items()))
 
@@ -174,8 +251,8 @@ class _Runner:
     def __init__(self, c: Config, model: VideoTransformer):
         self.c = c
         graphdef, params = nnx.split(model)
-        self.n = (c.size // c.patch) ** 2
-        self.capacity = (c.context_frames + c.gen_frames) * self.n
+        self.n = (c.video.size // c.video.patch) ** 2
+        self.capacity = (c.eval.context_frames + c.eval.gen_frames) * self.n
         self.forward = jax.jit(lambda p, x, return_queries=False: nnx.merge(graphdef, p)(
             x, return_queries=return_queries), static_argnames=("return_queries",))
         self._step = jax.jit(lambda p, x, f, hist, hl: nnx.merge(graphdef, p).step(x, f, hist, hl))
@@ -188,13 +265,13 @@ class _Runner:
         """Context frames from `videos`, then generation; returns (generated [b, gen, n, P], caches)."""
         c = self.c
         b, _, n, _ = videos.shape
-        layers = c.num_layers
+        layers = c.model.num_layers
         caches = None
         if quantizer is not None:
-            caches = [qvg.ChunkedKVCache(quantizer, qvg.ChunkPolicy(quant_factor=c.quant_factor),
+            caches = [qvg.ChunkedKVCache(quantizer, qvg.ChunkPolicy(quant_factor=c.eval.quant_factor),
                                          key=jax.random.fold_in(key, i)) for i in range(layers)]
         full: list[list] = [[] for _ in range(layers)]  # full-precision history when quantizer is None
-        total = c.context_frames + c.gen_frames
+        total = c.eval.context_frames + c.eval.gen_frames
         x = jnp.asarray(videos[:, 0])
         generated = []
         for f in range(total - 1):  # the last frame's own prediction would lie past the clip
@@ -206,18 +283,19 @@ class _Runner:
                     full[i].append((kh, vh))
                 else:
                     caches[i].append(kh, vh)
-            if f + 1 >= c.context_frames:
+            if f + 1 >= c.eval.context_frames:
                 generated.append(np.asarray(pred))
-            x = jnp.asarray(videos[:, f + 1]) if f + 1 < c.context_frames else pred
+            x = jnp.asarray(videos[:, f + 1]) if f + 1 < c.eval.context_frames else pred
         return np.stack(generated, axis=1), caches
 
     def _history(self, caches, full, f, b):
         """Per layer (keys, values) [b, capacity, h, d] padded, and the valid length."""
         if f == 0:
-            zeros = jnp.zeros((b, self.capacity, self.c.num_heads, self.c.d_model // self.c.num_heads))
-            return [(zeros, zeros)] * self.c.num_layers, 0
+            m = self.c.model
+            zeros = jnp.zeros((b, self.capacity, m.num_heads, m.d_model // m.num_heads))
+            return [(zeros, zeros)] * self.c.model.num_layers, 0
         out = []
-        for i in range(self.c.num_layers):
+        for i in range(self.c.model.num_layers):
             if caches is None:
                 k = jnp.concatenate([kv[0] for kv in full[i]], axis=2)
                 v = jnp.concatenate([kv[1] for kv in full[i]], axis=2)
@@ -233,7 +311,7 @@ def measure(runner: _Runner, videos: np.ndarray, quantizer: qvg.Quantizer, key, 
             fp_kv, fp_q) -> dict:
     """Bits, KV error, attention error and PSNR of one quantizer on the evaluation clips."""
     c = runner.c
-    span = c.context_frames * runner.n
+    span = c.eval.context_frames * runner.n
     kv_err, att_err, stored, elems = [], [], 0, 0
     for i, (k, v) in enumerate(fp_kv):
         ks, vs = jnp.swapaxes(k[:, :span], 1, 2), jnp.swapaxes(v[:, :span], 1, 2)  # [b, h, span, d]
@@ -250,7 +328,7 @@ def measure(runner: _Runner, videos: np.ndarray, quantizer: qvg.Quantizer, key, 
         got = attn.attention(q, jnp.swapaxes(kd, 1, 2), jnp.swapaxes(vd, 1, 2))
         att_err.append(_rel(got, ref))
     gen, _ = runner.rollout(videos, quantizer, key)
-    size = c.size
+    size = c.video.size
     frames = lambda a: ms.unpatchify(a, size)
     first = _psnr(frames(gen[:, 1]), frames(reference_rollout[:, 1]))  # gen[:, 0] never reads the span
     whole = _psnr(frames(gen[:, 1:]), frames(reference_rollout[:, 1:]))
@@ -295,11 +373,12 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     fit = train_model(c, workdir)
     model = fit.model()
     runner = _Runner(c, model)
-    total = c.context_frames + c.gen_frames
-    eval_v = _videos(c, 1, c.eval_videos, total)
+    total = c.eval.context_frames + c.eval.gen_frames
+    eval_v = _videos(c, 1, c.eval.videos, total)
     key = jax.random.key(c.seed + 1)
     ref_gen, _ = runner.rollout(eval_v, None, key)
-    gt_psnr = _psnr(ms.unpatchify(ref_gen, c.size), ms.unpatchify(eval_v[:, c.context_frames:], c.size))
+    gt_psnr = _psnr(ms.unpatchify(ref_gen, c.video.size),
+                    ms.unpatchify(eval_v[:, c.eval.context_frames:], c.video.size))
     fp_kv, fp_q = _teacher_forced(runner, eval_v)
 
     from tqdm.auto import tqdm
@@ -310,17 +389,17 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         pareto[name] = dict(measure(runner, eval_v, quantizer, key, ref_gen, fp_kv, fp_q), family=family)
 
     ablations = {"centroids": {}, "groups": {}, "stages": {}}
-    for k in c.ablate_centroids:
+    for k in c.ablate.centroids:
         ablations["centroids"][k] = measure(runner, eval_v, _qvg_variant(c, num_centroids=k), key, ref_gen, fp_kv, fp_q)
-    for g in c.ablate_groups:
+    for g in c.ablate.groups:
         ablations["groups"][g] = measure(runner, eval_v, _qvg_variant(c, group_size=g), key, ref_gen, fp_kv, fp_q)
-    for n in c.ablate_stages:
+    for n in c.ablate.stages:
         ablations["stages"][n] = measure(runner, eval_v, _qvg_variant(c, num_stages=n), key, ref_gen, fp_kv, fp_q)
-    rtn = qvg.baseline_quantizer("rtn", bits=2, group_size=c.qvg_group)
-    for axis, values in (("speed", c.ablate_speeds), ("noise", c.ablate_noise)):
+    rtn = qvg.baseline_quantizer("rtn", bits=2, group_size=c.quant.qvg_group)
+    for axis, values in (("speed", c.ablate.speeds), ("noise", c.ablate.noise)):
         ablations[axis] = {}
         for value in values:  # less redundant videos: faster shapes, or per-frame pixel noise
-            v = _videos(c, 2, c.eval_videos, total, **{axis: value})
+            v = _videos(c, 2, c.eval.videos, total, **{axis: value})
             ref, _ = runner.rollout(v, None, key)
             kv, qq = _teacher_forced(runner, v)
             ablations[axis][value] = {"qvg": measure(runner, v, _qvg_variant(c), key, ref, kv, qq),
@@ -361,9 +440,10 @@ def _verdict(pareto: dict, ablations: dict, c: Config):
                             main["psnr_first"] > v["psnr_first"]))
     pro = pareto["QVG-Pro int2"]
     context = (
-        f"Tiny video model, {c.context_frames}-frame span of {c.context_frames * (c.size // c.patch) ** 2} tokens, "
-        f"{c.num_centroids} centroids; baselines at QVG's bits interpolated on their Pareto points (cheapest point "
-        f"where none is at or below). QVG INT2: {bpe:.3f} bits per element = {main['compression']:.2f}x, KV "
+        f"Tiny video model, {c.eval.context_frames}-frame span of "
+        f"{c.eval.context_frames * (c.video.size // c.video.patch) ** 2} tokens, {c.quant.num_centroids} centroids; "
+        f"baselines at QVG's bits interpolated on their Pareto points (cheapest point where none is at or below). "
+        f"QVG INT2: {bpe:.3f} bits per element = {main['compression']:.2f}x, KV "
         f"relative MSE {main['kv_rel_mse']:.4f}, first affected frame PSNR {main['psnr_first']:.1f} dB, rollout "
         f"{main['psnr_rollout']:.1f} dB. QVG-Pro INT2: {pro['bits_per_element']:.2f} bits, KV MSE "
         f"{pro['kv_rel_mse']:.4f}, first-frame PSNR {pro['psnr_first']:.1f} dB. Gain over RTN INT2 (KV error "
@@ -426,15 +506,19 @@ EXPERIMENT = registry.Experiment(
     slug="qvg",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(size=16, d_model=32, num_heads=1, num_layers=1, train_frames=6, batch_size=2,
-                                train_steps=3, eval_videos=1, context_frames=4, gen_frames=2, quant_factor=4,
-                                num_centroids=4, qvg_group=32, kmeans_iters=2, baseline_groups=(32,), bits=(2,),
-                                ablate_centroids=(4,), ablate_groups=(32,), ablate_stages=(1,), ablate_speeds=(1.0,), ablate_noise=(0.1,),
-                                checkpoint=False, progress=False),
+        "smoke": lambda: Config(
+            video=VideoSection(size=16), model=ModelSection(d_model=32, num_heads=1, num_layers=1),
+            train=TrainSection(frames=6, batch_size=2, steps=3),
+            eval=EvalSection(videos=1, context_frames=4, gen_frames=2, quant_factor=4),
+            quant=QuantSection(num_centroids=4, qvg_group=32, kmeans_iters=2, baseline_groups=(32,), bits=(2,)),
+            ablate=AblateSection(centroids=(4,), groups=(32,), stages=(1,), speeds=(1.0,), noise=(0.1,)),
+            checkpoint=False, progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(size=64, d_model=256, num_heads=2, train_frames=40, train_steps=5000, batch_size=8,
-                                eval_videos=16, context_frames=32, gen_frames=8, quant_factor=32,
-                                num_centroids=256),
+        "paper": lambda: Config(
+            video=VideoSection(size=64), model=ModelSection(d_model=256, num_heads=2),
+            train=TrainSection(frames=40, steps=5000, batch_size=8),
+            eval=EvalSection(videos=16, context_frames=32, gen_frames=8, quant_factor=32),
+            quant=QuantSection(num_centroids=256)),
     },
     run=run,
 )

@@ -64,7 +64,8 @@ def test_high_threshold_trend_rejects_bad_input(errors, resolution):
 def test_density_l1_error_matches_float64_reference():
     """The sinusoid's int|f_hat - f| against the tangent formula written here in float64 numpy."""
     a, n = 4.0, 400
-    c = ds.Config(accuracy_thresholds=(a, 2 * a), accuracy_shapes=("sinusoid",), volterra_points=n, progress=False)
+    c = ds.Config(accuracy=ds.AccuracySection(thresholds=(a, 2 * a), shapes=("sinusoid",), volterra_points=n),
+                  progress=False)
     rows = ds.accuracy_study(c, _Bar())["sinusoid"]
     t = np.linspace(0.0, 6 * a + 24, n + 1)
     mu0, amp, w = 0.5, 0.25, 2 * np.pi / a
@@ -108,5 +109,5 @@ def test_cause_classes():
 
 
 def test_run_rejects_unsorted_thresholds(tmp_path):
-    with pytest.raises(ValueError, match="accuracy_thresholds"):
-        ds.run(ds.Config(accuracy_thresholds=(4.0, 2.0), progress=False), tmp_path)
+    with pytest.raises(ValueError, match="accuracy.thresholds"):
+        ds.run(ds.Config(accuracy=ds.AccuracySection(thresholds=(4.0, 2.0)), progress=False), tmp_path)

@@ -36,28 +36,41 @@ def test_saving_when_ours_is_worse_is_negative():
 
 
 def test_seed_data_is_long_tailed_disjoint_and_the_fm_is_informative():
-    c = dataclasses.replace(fal.EXPERIMENT.config("smoke"), fm_steps=150)
+    smoke = fal.EXPERIMENT.config("smoke")
+    c = dataclasses.replace(smoke, fm=dataclasses.replace(smoke.fm, steps=150))
     images, y = fal._digits()
     d = fal._make_seed(c, 0, images, y)
     counts = np.sort(d["counts"])[::-1]
-    assert counts[0] / counts[-1] == pytest.approx(c.imbalance_ratio, rel=0.25)
-    assert d["x"].shape == (counts.sum(), 64) and d["x_test"].shape == (10 * c.test_per_class, 64)
+    assert counts[0] / counts[-1] == pytest.approx(c.data.imbalance_ratio, rel=0.25)
+    assert d["x"].shape == (counts.sum(), 64) and d["x_test"].shape == (10 * c.data.test_per_class, 64)
     np.testing.assert_array_equal(np.bincount(d["y"], minlength=10), d["counts"])
-    np.testing.assert_array_equal(np.bincount(d["y_test"], minlength=10), c.test_per_class)
+    np.testing.assert_array_equal(np.bincount(d["y_test"], minlength=10), c.data.test_per_class)
     # the minority classes are the rarest ones
-    assert set(d["minority"].tolist()) == set(np.argsort(d["counts"])[: c.num_minority].tolist())
+    assert set(d["minority"].tolist()) == set(np.argsort(d["counts"])[: c.eval.num_minority].tolist())
     # the FM is better than chance (0.1) but not perfect; Q rows are distributions
     assert 0.4 < d["fm_pool_bacc"] < 0.99
     np.testing.assert_allclose(d["q"].sum(1), 1.0, atol=1e-6)
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("noise_rates", (0.0, 0.95), r"noise_rates must be non-empty rates in \[0, 0.9\)"),
-    ("methods", ("margin", "random"), r"methods must contain 'fm_co_decision'"),
-    ("noise_kind", "blur", r"noise_kind must be one of"),
-    ("num_minority", 10, r"num_minority must lie in \[1, 10\), got 10"),
+@pytest.mark.parametrize("section,field,value,match", [
+    ("noise", "rates", (0.0, 0.95), r"noise.rates must be non-empty rates in \[0, 0.9\)"),
+    ("al", "methods", ("margin", "random"), r"al.methods must contain 'fm_co_decision'"),
+    ("noise", "kind", "blur", r"noise.kind must be one of"),
+    ("eval", "num_minority", 10, r"eval.num_minority must lie in \[1, 10\), got 10"),
 ])
-def test_config_errors_name_the_field(field, value, match, tmp_path):
-    c = dataclasses.replace(fal.EXPERIMENT.config("smoke"), **{field: value})
+def test_config_errors_name_the_field(section, field, value, match):
+    smoke = fal.EXPERIMENT.config("smoke")
     with pytest.raises(registry.ConfigError, match=match):
-        fal.run(c, tmp_path)
+        dataclasses.replace(smoke, **{section: dataclasses.replace(getattr(smoke, section), **{field: value})})
+
+
+def test_cache_key_keeps_the_flat_field_names():
+    """Every setting but `progress` is in the cache key, under its pre-sections name (old caches stay valid)."""
+    c = fal.EXPERIMENT.config("quick")
+    fields = fal._cache_fields(c)
+    leaves = [f.name for s in dataclasses.fields(c) if dataclasses.is_dataclass(getattr(c, s.name))
+              for f in dataclasses.fields(getattr(c, s.name))]
+    top = [f.name for f in dataclasses.fields(c) if not dataclasses.is_dataclass(getattr(c, f.name))]
+    assert len(fields) == len(leaves) + len(top) - 1 and "progress" not in fields
+    assert (fields["fm_lr"], fields["learner_steps"], fields["weight_decay"], fields["noise_rates"]) == (
+        c.fm.lr, c.learner.steps, c.learner.weight_decay, c.noise.rates)

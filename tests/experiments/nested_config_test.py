@@ -1,5 +1,5 @@
-"""Nested config sections (issue 25, item 6) of spf, benchmark_game, anytime_cmf, weightclip, scm_grpo,
-differential_smoothing, dem_hec, toast and prim on the command line: a nested override (`--train.num-episodes 2`)
+"""Nested config sections (issue 25, item 6) of every experiment that has them (the `OVERRIDES` keys),
+on the command line: a nested override (`--train.num-episodes 2`)
 changes that one field and keeps every other preset value, `run <slug> --help` lists the nested flags, and a bad
 nested value fails with exit code 2 naming its flag. No experiment runs here (`report.run_experiment` is replaced
 by a recorder)."""
@@ -23,6 +23,10 @@ OVERRIDES = {
     "dem_hec": ("--finetune.steps", "5", "finetune", "steps", 5, "--data.data-dir"),
     "toast": ("--tcs.ratios", "0.7", "tcs", "ratios", (0.7,), "--toast.fc2-ratio"),
     "prim": ("--pruning.retention-mass", "0.8", "pruning", "retention_mass", 0.8, "--eval.max-drop"),
+    "ddm_signals": ("--timing.paths", "4000", "timing", "paths", 4000, "--watch-time.num-users"),
+    "qvg": ("--quant.num-centroids", "8", "quant", "num_centroids", 8, "--ablate.speeds"),
+    "fm_active_learning": ("--al.rounds", "3", "al", "rounds", 3, "--fm.temperature"),
+    "nmars": ("--augment.kind", "inferred", "augment", "kind", "inferred", "--rl.max-undos"),
 }
 
 
@@ -74,6 +78,10 @@ def test_help_lists_the_nested_fields(slug, capsys):
     ("toast", "--toast.sparsity", "60", "--toast.sparsity must be one of scwp.sparsities=(50.0,); got 60.0"),
     ("dem_hec", "--eval.severities", "6", "--eval.severities must be ints in 1..5; got (6,)"),
     ("scm_grpo", "--rl.group-size", "1", "--rl.group-size must be >= 2 (GRPO normalises within a group); got 1"),
+    ("ddm_signals", "--timing.grid", "1", "--timing.grid must be >= 2 (candidate signal times on [0, H]); got 1"),
+    ("qvg", "--eval.gen-frames", "1", "--eval.gen-frames must be >= 2 (the first generated frame never reads the span); got 1"),
+    ("fm_active_learning", "--noise.kind", "blur", "--noise.kind must be one of ('symmetric', 'pair'), got 'blur'"),
+    ("nmars", "--augment.kind", "random", "--augment.kind must be one of ('inferred', 'diff'); got 'random'"),
 ])
 def test_a_bad_nested_value_names_its_flag(slug, flag, value, message, tmp_path, capsys):
     assert cli.main(["run", slug, "--preset", "smoke", "--results-dir", str(tmp_path), flag, value]) == 2
