@@ -35,6 +35,10 @@ Recipe:
     python -m experiments run router_interp --preset smoke   # seconds, used by the tests
     python -m experiments run router_interp --preset quick   # 2 CPU cores, a few minutes
     python -m experiments run router_interp --preset paper   # larger worlds and SAE, longer LM
+    python -m experiments run router_interp --preset smoke --sae.steps 120   # one field of a config section
+
+Config sections (`run router_interp --help` lists every field): planted, sae, interp, lm (with the LM's own
+`lm.model`, e.g. `--lm.model.moe.num-experts 4`); worlds, seed and progress stay top-level.
 """
 
 from __future__ import annotations
@@ -67,11 +71,9 @@ _CACHE_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """router_interp settings (every field can be overridden on the command line)."""
+class PlantedSection:
+    """Stage 1: the planted-feature worlds and their router (``--planted.d-model 64``)."""
 
-    worlds: tuple[str, ...] = WORLDS
-    # Planted worlds.
     train_sequences: int = 1000
     test_sequences: int = 300
     seq_len: int = 32
@@ -83,13 +85,24 @@ class Config:
     top_k: int = 2
     num_noise_features: int = 128
     shared_token_prob: float = 0.4
-    # SAE.
-    sae_latents: int = 512
-    sae_k: int = 8
-    sae_steps: int = 2000
-    sae_batch_size: int = 1024
-    sae_learning_rate: float = 1e-3
-    # RouterInterp.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SAESection:
+    """The TopK SAE on the planted worlds' router inputs; batch size and learning rate also train the LM
+    stage's SAE (``--sae.steps 4000``)."""
+
+    latents: int = 512
+    k: int = 8
+    steps: int = 2000
+    batch_size: int = 1024
+    learning_rate: float = 1e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InterpSection:
+    """RouterInterp's explanations, the probes and the checks' tie margin (``--interp.min-precision 0.7``)."""
+
     min_precision: float = 0.6
     target_recall: float = 0.95
     max_features: int = 20
@@ -97,33 +110,81 @@ class Config:
     probe_rows: int = 8000
     match_cosine: float = 0.9
     tie_margin: float = 0.02  # |difference in balanced accuracy| below which two methods tie
-    # Tiny MoE LM stage.
-    lm: bool = True
-    lm_domains: int = 6
-    lm_vocab: int = 48
-    lm_seq_len: int = 48
-    lm_model: MoELMConfig = MoELMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=128,
-                                        moe=MoEConfig(num_experts=8, experts_per_token=2))
-    lm_steps: int = 300
-    lm_batch_size: int = 32
-    lm_learning_rate: float = 3e-3
-    lm_layer: int = -1  # which MoE layer to explain (-1: the last)
-    lm_eval_sequences: int = 400
-    lm_sae_latents: int = 256
-    lm_sae_k: int = 8
-    lm_sae_steps: int = 1500
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LMSection:
+    """Stage 2: the tiny MoE LM on Markov domains and the SAE on one layer's router inputs (``--lm.steps 600``,
+    ``--lm.model.moe.num-experts 4``; ``--lm.enabled False`` skips the stage)."""
+
+    enabled: bool = True
+    domains: int = 6
+    vocab: int = 48
+    seq_len: int = 48
+    model: MoELMConfig = MoELMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=128,
+                                     moe=MoEConfig(num_experts=8, experts_per_token=2))
+    steps: int = 300
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    layer: int = -1  # which MoE layer to explain (-1: the last)
+    eval_sequences: int = 400
+    sae_latents: int = 256
+    sae_k: int = 8
+    sae_steps: int = 1500
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """router_interp settings, in sections overridden on the command line as ``--sae.latents 256``."""
+
+    worlds: tuple[str, ...] = WORLDS
+    planted: PlantedSection = PlantedSection()
+    sae: SAESection = SAESection()
+    interp: InterpSection = InterpSection()
+    lm: LMSection = LMSection()
     seed: int = 0
     progress: bool = True
 
+    def __post_init__(self):
+        err = registry.ConfigError
+        bad = [w for w in self.worlds if w not in WORLDS]
+        if bad:
+            raise err("worlds", f"must be a subset of {WORLDS}, got extra {bad}")
+        if "ssh" not in self.worlds or not ({"single_domain", "single_domain_exclusive"} & set(self.worlds)):
+            raise err("worlds", f"must include 'ssh' and a single-domain control, got {self.worlds}")
+        if not 0.0 < self.interp.min_precision <= 1.0:
+            raise err("interp.min_precision", f"must be in (0, 1], got {self.interp.min_precision}")
 
-def _validate(c: Config) -> None:
-    bad = [w for w in c.worlds if w not in WORLDS]
-    if bad:
-        raise ValueError(f"worlds must be a subset of {WORLDS}, got extra {bad}")
-    if "ssh" not in c.worlds or not ({"single_domain", "single_domain_exclusive"} & set(c.worlds)):
-        raise ValueError(f"worlds must include 'ssh' and a single-domain control, got {c.worlds}")
-    if not 0.0 < c.min_precision <= 1.0:
-        raise ValueError(f"min_precision must be in (0, 1], got {c.min_precision}")
+
+# The flat field names the config had before it was split into sections, in their old order: the LM's
+# training fingerprint is the old flat repr, so checkpoints written before the split stay valid.
+_FLAT_FIELDS = (
+    ("worlds", "worlds"),
+    *((f, f"planted.{f}") for f in ("train_sequences", "test_sequences", "seq_len", "d_model", "num_domains",
+                                     "vocab_size", "num_groups", "num_experts", "top_k", "num_noise_features",
+                                     "shared_token_prob")),
+    *((f"sae_{f}", f"sae.{f}") for f in ("latents", "k", "steps", "batch_size", "learning_rate")),
+    *((f, f"interp.{f}") for f in ("min_precision", "target_recall", "max_features", "probe_c", "probe_rows",
+                                    "match_cosine", "tie_margin")),
+    ("lm", "lm.enabled"),
+    *((f"lm_{f}", f"lm.{f}") for f in ("domains", "vocab", "seq_len", "model", "steps", "batch_size",
+                                        "learning_rate", "layer", "eval_sequences", "sae_latents", "sae_k",
+                                        "sae_steps")),
+    ("seed", "seed"), ("progress", "progress"),
+)
+
+
+def _lm_fingerprint(c: Config) -> str:
+    """The LM run's fingerprint: the repr of the pre-sections flat config with ``worlds=()`` and
+    ``progress=True`` (``Config(worlds=(), train_sequences=1000, ...)``)."""
+    c = dataclasses.replace(c, progress=True)
+
+    def get(path):
+        obj = c
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        return obj
+    return "Config(" + ", ".join(f"{old}={() if old == 'worlds' else get(path)!r}" for old, path in _FLAT_FIELDS) + ")"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -145,11 +206,11 @@ class Data:
 def _sae(c: Config, key, x: np.ndarray, latents: int, k: int, steps: int, workdir: pathlib.Path, tag: str):
     """Trains (or loads from the workdir cache) a TopK SAE on x; returns (model, history dict)."""
     blob = json.dumps({"v": _CACHE_VERSION, "tag": tag, "latents": latents, "k": k, "steps": steps,
-                       "bs": c.sae_batch_size, "lr": c.sae_learning_rate,
+                       "bs": c.sae.batch_size, "lr": c.sae.learning_rate,
                        "x": hashlib.sha1(np.ascontiguousarray(x).tobytes()).hexdigest()}, sort_keys=True)
     path = workdir / "cache" / f"sae_{tag}_{hashlib.sha1(blob.encode()).hexdigest()[:12]}.npz"
-    cfg = sae_lib.SAETrainConfig(num_latents=latents, k=k, steps=steps, batch_size=c.sae_batch_size,
-                                 learning_rate=c.sae_learning_rate, warmup_steps=min(100, steps),
+    cfg = sae_lib.SAETrainConfig(num_latents=latents, k=k, steps=steps, batch_size=c.sae.batch_size,
+                                 learning_rate=c.sae.learning_rate, warmup_steps=min(100, steps),
                                  progress=c.progress)
     from flax import nnx
 
@@ -193,7 +254,8 @@ def _pipeline(c: Config, train: Data, test: Data, router_w: np.ndarray, sae_mode
     act_tr, act_te = codes_tr > 0, codes_te > 0
     ctx = ri.TokenContext(active=act_te, token_ids=test.token_ids, domain_ids=test.domain_ids,
                           prev_token_ids=test.prev_token_ids)
-    greedy = dict(min_precision=c.min_precision, target_recall=c.target_recall, max_features=c.max_features)
+    greedy = dict(min_precision=c.interp.min_precision, target_recall=c.interp.target_recall,
+                  max_features=c.interp.max_features)
     y_tr, y_te = train.labels, test.labels
     desc = ri.describe_features(act_tr, train.token_ids, train.domain_ids)
 
@@ -202,7 +264,7 @@ def _pipeline(c: Config, train: Data, test: Data, router_w: np.ndarray, sae_mode
     sets_by["alignment"] = ri.select_feature_sets(act_tr, y_tr, align, **greedy)
     ex_align = ri.explain_experts(sets_by["alignment"], descriptions=desc)
     res["RouterInterp (alignment)"] = ri.evaluate_explanations(ex_align, ctx, y_te)
-    probe = ri.probe_scores(codes_tr, y_tr, c=c.probe_c, max_rows=c.probe_rows, seed=c.seed)
+    probe = ri.probe_scores(codes_tr, y_tr, c=c.interp.probe_c, max_rows=c.interp.probe_rows, seed=c.seed)
     sets_by["probe"] = ri.select_feature_sets(act_tr, y_tr, probe, **greedy)
     res["RouterInterp (L1 probe)"] = ri.evaluate_explanations(
         ri.explain_experts(sets_by["probe"], descriptions=desc), ctx, y_te)
@@ -221,7 +283,7 @@ def _pipeline(c: Config, train: Data, test: Data, router_w: np.ndarray, sae_mode
         res["oracle features (alignment)"] = ri.evaluate_explanations(
             ri.explain_experts(tsets), ctx._replace(active=ta_te), y_te)
     res["raw-input probe"] = ri.macro_detection(
-        ri.raw_probe_predictions(train.x, y_tr, test.x, max_rows=c.probe_rows, seed=c.seed), y_te)
+        ri.raw_probe_predictions(train.x, y_tr, test.x, max_rows=c.interp.probe_rows, seed=c.seed), y_te)
 
     out = {"detection": {m: r["mean"] for m, r in res.items()},
            "per_expert_balanced_accuracy": {m: [p["balanced_accuracy"] for p in r["per_expert"]] for m, r in res.items()},
@@ -230,7 +292,7 @@ def _pipeline(c: Config, train: Data, test: Data, router_w: np.ndarray, sae_mode
            "example_explanations": [ex.text for ex in ex_align[:3]],
            "sae_mean_l0": float(np.mean(np.count_nonzero(codes_te, axis=1)))}
     if true_directions is not None and planted_sets is not None:
-        match = ri.match_features(dec, true_directions, min_cosine=c.match_cosine)
+        match = ri.match_features(dec, true_directions, min_cosine=c.interp.match_cosine)
         out["sae_true_features_matched"] = int(len(set(match[match >= 0].tolist())))
         out["num_true_features"] = int(true_directions.shape[0])
         for name, sets in sets_by.items():
@@ -244,10 +306,11 @@ def _pipeline(c: Config, train: Data, test: Data, router_w: np.ndarray, sae_mode
 # ------------------------------------------------------------------------------------------------
 
 def _world_kwargs(c: Config, world: str) -> dict:
-    return dict(kind="ssh" if world == "ssh" else "single_domain", seq_len=c.seq_len, d_model=c.d_model,
-                num_domains=c.num_domains, vocab_size=c.vocab_size, num_groups=c.num_groups,
-                num_experts=c.num_experts, top_k=c.top_k, num_noise_features=c.num_noise_features,
-                shared_token_prob=0.0 if world == "single_domain_exclusive" else c.shared_token_prob)
+    pc = c.planted
+    return dict(kind="ssh" if world == "ssh" else "single_domain", seq_len=pc.seq_len, d_model=pc.d_model,
+                num_domains=pc.num_domains, vocab_size=pc.vocab_size, num_groups=pc.num_groups,
+                num_experts=pc.num_experts, top_k=pc.top_k, num_noise_features=pc.num_noise_features,
+                shared_token_prob=0.0 if world == "single_domain_exclusive" else pc.shared_token_prob)
 
 
 def _data(w: ri.PlantedWorld) -> Data:
@@ -258,12 +321,12 @@ def _run_world(c: Config, world: str, workdir: pathlib.Path) -> dict:
     key = jax.random.fold_in(jax.random.key(c.seed), WORLDS.index(world))
     k_tr, k_te, k_sae = jax.random.split(key, 3)
     kw = _world_kwargs(c, world)
-    tr = ri.planted_world(k_tr, num_sequences=c.train_sequences, **kw)
-    te = ri.planted_world(k_te, num_sequences=c.test_sequences, router_world=tr, **kw)
+    tr = ri.planted_world(k_tr, num_sequences=c.planted.train_sequences, **kw)
+    te = ri.planted_world(k_te, num_sequences=c.planted.test_sequences, router_world=tr, **kw)
     planted = tr.codes > 0
     rule = np.stack([planted[:, list(s)].any(1) for s in tr.planted_sets], 1)
     t0 = time.time()
-    model, hist = _sae(c, k_sae, tr.x, c.sae_latents, c.sae_k, c.sae_steps, workdir, world)
+    model, hist = _sae(c, k_sae, tr.x, c.sae.latents, c.sae.k, c.sae.steps, workdir, world)
     sae_s = time.time() - t0
     out = _pipeline(c, _data(tr), _data(te), tr.router_w, model, tr.vocab_size, tr.num_domains,
                     true_directions=tr.directions, planted_sets=tr.planted_sets)
@@ -323,31 +386,31 @@ def _run_lm(c: Config, workdir: pathlib.Path) -> dict:
 
     key = jax.random.fold_in(jax.random.key(c.seed), 100)
     k_dom, k_sae = jax.random.split(key)
-    trans, start, _ = markov_domains(k_dom, num_domains=c.lm_domains, vocab_size=c.lm_vocab)
-    lm, top_k = c.lm_model, c.lm_model.moe.experts_per_token
-    cfg = lm.transformer(c.lm_vocab)
+    trans, start, _ = markov_domains(k_dom, num_domains=c.lm.domains, vocab_size=c.lm.vocab)
+    lm, top_k = c.lm.model, c.lm.model.moe.experts_per_token
+    cfg = lm.transformer(c.lm.vocab)
 
     def batch_fn(position):
         rng = np.random.default_rng([c.seed, position])
-        seqs, _ = sample_markov(rng, trans, start, c.lm_batch_size, c.lm_seq_len + 1)
+        seqs, _ = sample_markov(rng, trans, start, c.lm.batch_size, c.lm.seq_len + 1)
         return {"inputs": seqs[:, :-1], "targets": seqs[:, 1:],
-                "loss_mask": np.ones((c.lm_batch_size, c.lm_seq_len), np.float32)}
+                "loss_mask": np.ones((c.lm.batch_size, c.lm.seq_len), np.float32)}
 
-    opt = training.OptimizerConfig(learning_rate=c.lm_learning_rate, warmup_steps=min(50, c.lm_steps),
-                                   total_steps=c.lm_steps)
+    opt = training.OptimizerConfig(learning_rate=c.lm.learning_rate, warmup_steps=min(50, c.lm.steps),
+                                   total_steps=c.lm.steps)
     t0 = time.time()
     result = training.fit(model_fn=lambda rngs: Transformer(cfg, rngs=rngs), optimizer_config=opt, batch_fn=batch_fn,
-                          num_steps=c.lm_steps, workdir=workdir / "lm", seed=c.seed,
-                          checkpoint_every=max(1, c.lm_steps), log_every=max(1, c.lm_steps // 10),
+                          num_steps=c.lm.steps, workdir=workdir / "lm", seed=c.seed,
+                          checkpoint_every=max(1, c.lm.steps), log_every=max(1, c.lm.steps // 10),
                           progress=c.progress, desc="router_interp lm",
-                          fingerprint=repr(dataclasses.replace(c, progress=True, worlds=())))
+                          fingerprint=_lm_fingerprint(c))
     lm_s = time.time() - t0
     model = result.model()
-    layer = c.lm_layer % lm.num_layers
+    layer = c.lm.layer % lm.num_layers
 
     def collect(seed, n):
         rng = np.random.default_rng([c.seed, seed])
-        seqs, dom = sample_markov(rng, trans, start, n, c.lm_seq_len + 1)
+        seqs, dom = sample_markov(rng, trans, start, n, c.lm.seq_len + 1)
         xs, ys = [], []
         for i in range(0, n, 64):
             out = model(seqs[i:i + 64, :-1], return_intermediates=True)
@@ -360,15 +423,15 @@ def _run_lm(c: Config, workdir: pathlib.Path) -> dict:
         tok = seqs[:, :-1]
         prev = np.concatenate([np.zeros((n, 1), np.int64), seqs[:, :-2]], axis=1)  # position 0: token 0 as "BOS"
         return Data(np.concatenate(xs), np.concatenate(ys), tok.ravel(), prev.ravel(),
-                    np.repeat(dom, c.lm_seq_len))
+                    np.repeat(dom, c.lm.seq_len))
 
-    train, test = collect(1, c.lm_eval_sequences), collect(2, max(1, c.lm_eval_sequences // 2))
+    train, test = collect(1, c.lm.eval_sequences), collect(2, max(1, c.lm.eval_sequences // 2))
     rows = np.asarray(model.layers[layer].ffn.router_rows(), np.float64)
     # Check that the recorded top-k is what the recorded logits and rows give (linear router).
     consistent = float(np.mean(ri.route(rows, train.x[:2000], top_k) == train.labels[:2000]))
     t1 = time.time()
-    sae_model, hist = _sae(c, k_sae, train.x, c.lm_sae_latents, c.lm_sae_k, c.lm_sae_steps, workdir, "lm")
-    out = _pipeline(c, train, test, rows, sae_model, c.lm_vocab, c.lm_domains)
+    sae_model, hist = _sae(c, k_sae, train.x, c.lm.sae_latents, c.lm.sae_k, c.lm.sae_steps, workdir, "lm")
+    out = _pipeline(c, train, test, rows, sae_model, c.lm.vocab, c.lm.domains)
     out.update(lm_final_loss=float(result.history[-1]["loss"]) if result.history else float("nan"),
                lm_seconds=lm_s, sae_seconds=time.time() - t1, sae_final_nmse=hist["final_nmse"],
                routing_recomputed_agreement=consistent, layer=layer,
@@ -392,16 +455,16 @@ def _checks(c: Config, worlds: dict, gain: dict) -> tuple[list[Check], tuple[boo
     control also ties with token statistics is reported, not required."""
     ri_m, tok_m = "RouterInterp (alignment)", "token statistics"
     ssh = worlds["ssh"]
-    margin = f"{c.tie_margin:g}"
+    margin = f"{c.interp.tie_margin:g}"
     d_tok = _bacc(ssh, ri_m) - _bacc(ssh, tok_m)
     d_single = {m: _bacc(ssh, ri_m) - _bacc(ssh, m) for m in ("single best feature", "single domain")}
-    ssh_beats_tokens = d_tok > c.tie_margin
-    ssh_beats_single = all(v > c.tie_margin for v in d_single.values())
+    ssh_beats_tokens = d_tok > c.interp.tie_margin
+    ssh_beats_single = all(v > c.interp.tie_margin for v in d_single.values())
     controls = [w for w in ("single_domain", "single_domain_exclusive") if w in worlds]
     d_dom = {w: abs(_bacc(worlds[w], ri_m) - _bacc(worlds[w], "single domain")) for w in controls}
-    control_ties_domain = all(v <= c.tie_margin for v in d_dom.values())
+    control_ties_domain = all(v <= c.interp.tie_margin for v in d_dom.values())
     excl = worlds.get("single_domain_exclusive")
-    control_ties_tokens = excl is not None and abs(_bacc(excl, ri_m) - _bacc(excl, tok_m)) <= c.tie_margin
+    control_ties_tokens = excl is not None and abs(_bacc(excl, ri_m) - _bacc(excl, tok_m)) <= c.interp.tie_margin
     gap_larger_in_ssh = all(gain["ssh"] > gain[w] for w in controls)
     checks = [
         Check("SSH: RouterInterp - token statistics, balanced accuracy", d_tok,
@@ -442,13 +505,12 @@ def headline(metrics: Mapping[str, Any]) -> str:
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    _validate(c)
     workdir = epath.Path(workdir)
     worlds = {}
     for w in tqdm.tqdm(c.worlds, desc="router_interp worlds", disable=not c.progress):
         worlds[w] = _run_world(c, w, workdir)
     lm = None
-    if c.lm:
+    if c.lm.enabled:
         lm = _run_lm(c, workdir)
 
     ri_m, tok_m = "RouterInterp (alignment)", "token statistics"
@@ -474,17 +536,17 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
             f"R={r['planted_set_recovery_alignment']['recall']:.2f}")
     lm_txt = ""
     if lm is not None:
-        moe = c.lm_model.moe
-        lm_txt = (f" Tiny MoE LM (layer {lm['layer']}, {moe.num_experts} experts top-{moe.experts_per_token}, {c.lm_steps} steps, "
-                  f"loss {lm['lm_final_loss']:.2f}): RouterInterp {row(lm, ri_m)} vs token statistics "
-                  f"{row(lm, tok_m)} ({_bacc(lm, ri_m) / _bacc(lm, tok_m) - 1:+.0%}), bigram "
+        moe = c.lm.model.moe
+        lm_txt = (f" Tiny MoE LM (layer {lm['layer']}, {moe.num_experts} experts top-{moe.experts_per_token}, "
+                  f"{c.lm.steps} steps, loss {lm['lm_final_loss']:.2f}): RouterInterp {row(lm, ri_m)} vs token "
+                  f"statistics {row(lm, tok_m)} ({_bacc(lm, ri_m) / _bacc(lm, tok_m) - 1:+.0%}), bigram "
                   f"{row(lm, 'bigram predictor')}, single feature {row(lm, 'single best feature')}, single domain "
                   f"{row(lm, 'single domain')}, raw probe {row(lm, 'raw-input probe')}; "
                   f"{lm['features_per_expert']:.1f} features / {lm['domains_per_expert']:.1f} domains per expert.")
     else:
-        lm_txt = " Tiny MoE LM stage not run (lm=False)."
-    context = (f"Held-out detection balanced accuracy (rule-based simulator, {c.num_experts} experts top-{c.top_k}, "
-               f"macro over experts): " + "; ".join(parts) + "." + lm_txt
+        lm_txt = " Tiny MoE LM stage not run (lm.enabled=False)."
+    context = (f"Held-out detection balanced accuracy (rule-based simulator, {c.planted.num_experts} experts "
+               f"top-{c.planted.top_k}, macro over experts): " + "; ".join(parts) + "." + lm_txt
                + (f" Exclusive-vocabulary control: RouterInterp and token statistics "
                   f"{'tie' if control_ties_tokens else 'do not tie'} ({row(excl, ri_m)} vs {row(excl, tok_m)})."
                   if excl is not None else ""))
@@ -521,13 +583,14 @@ def _cause(c: Config, worlds: dict, flags: tuple[bool, ...]) -> dict:
     ssh_beats_tokens, ssh_beats_single, control_ties_domain, _, gap_larger_in_ssh = flags
     ri_m = "RouterInterp (alignment)"
     controls = [w for w in ("single_domain", "single_domain_exclusive") if w in worlds]
-    below = all(_bacc(worlds[w], ri_m) - _bacc(worlds[w], "single domain") <= c.tie_margin for w in controls)
+    below = all(_bacc(worlds[w], ri_m) - _bacc(worlds[w], "single domain") <= c.interp.tie_margin for w in controls)
     if ssh_beats_tokens and ssh_beats_single and gap_larger_in_ssh and not control_ties_domain and below:
         gaps = ", ".join(f"{w} {_bacc(worlds[w], 'single domain') - _bacc(worlds[w], ri_m):.3f}" for w in controls)
         return {"cause_class": "check",
-                "cause": (f"the control tie margin ({c.tie_margin:g}, ours; the paper states no control) is stricter "
-                          f"than the claim: in the controls RouterInterp falls below the single-domain explanation "
-                          f"(by {gaps}), it never beats it, so the gain is still specific to the SSH world")}
+                "cause": (f"the control tie margin ({c.interp.tie_margin:g}, ours; the paper states no control) is "
+                          f"stricter than the claim: in the controls RouterInterp falls below the single-domain "
+                          f"explanation (by {gaps}), it never beats it, so the gain is still specific to the SSH "
+                          f"world")}
     return {"cause_class": "scale",
             "cause": "the SSH-world advantage or its specificity did not show at this scale"}
 
@@ -556,16 +619,19 @@ EXPERIMENT = registry.Experiment(
     slug="router_interp",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(worlds=("ssh", "single_domain"), train_sequences=60, test_sequences=30, seq_len=16,
-                                d_model=32, num_domains=4, vocab_size=32, num_groups=4, num_experts=8,
-                                num_noise_features=16, sae_latents=96, sae_k=6, sae_steps=60, sae_batch_size=256,
-                                probe_rows=500, lm=False, progress=False),
+        "smoke": lambda: Config(
+            worlds=("ssh", "single_domain"),
+            planted=PlantedSection(train_sequences=60, test_sequences=30, seq_len=16, d_model=32, num_domains=4,
+                                   vocab_size=32, num_groups=4, num_experts=8, num_noise_features=16),
+            sae=SAESection(latents=96, k=6, steps=60, batch_size=256), interp=InterpSection(probe_rows=500),
+            lm=LMSection(enabled=False), progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(train_sequences=4000, test_sequences=1000, sae_latents=1024, sae_steps=8000,
-                                lm_steps=3000,
-                                lm_model=MoELMConfig(d_model=64, num_layers=4, num_heads=4, num_kv_heads=2, d_ff=128,
-                                                     moe=MoEConfig(num_experts=8, experts_per_token=2)),
-                                lm_eval_sequences=2000, lm_sae_steps=6000),
+        "paper": lambda: Config(
+            planted=PlantedSection(train_sequences=4000, test_sequences=1000),
+            sae=SAESection(latents=1024, steps=8000),
+            lm=LMSection(steps=3000, model=MoELMConfig(d_model=64, num_layers=4, num_heads=4, num_kv_heads=2, d_ff=128,
+                                                       moe=MoEConfig(num_experts=8, experts_per_token=2)),
+                         eval_sequences=2000, sae_steps=6000)),
     },
     run=run,
 )

@@ -10,7 +10,7 @@ import pytest
 from experiments import checks as checks_lib
 from experiments import gaussian_sup as exp
 
-C = exp.Config(greedy_n=8, scaling_sizes=(16,), er_n=12)
+C = exp.Config(greedy=exp.GreedySection(n=8, scaling_sizes=(16,)), hypergraphs=exp.HypergraphsSection(n=12))
 E = 1 - 1 / math.e
 
 
@@ -20,11 +20,11 @@ def _studies(table=1e-7, mc_z=0.5, opt=1e-6, corr=1e-6, ptas_gap=0.05, level=1.0
                "correlated_max_abs_error": corr}
     ptas = {"rows": [{"eps": 0.5, "gap": ptas_gap}, {"eps": 0.9, "gap": 0.0}], "within_eps": ptas_gap <= 0.5,
             "max_gap_by_eps": {"0.5": ptas_gap, "0.9": 0.0}, "num_instances": 2}
-    bound = 1 / (2 * (math.floor(math.log2(C.greedy_n)) + 1))
+    bound = 1 / (2 * (math.floor(math.log2(C.greedy.n)) + 1))
     greedy = {"min_level_ratio": level, "min_alg_over_opt": alg, "log_bound": bound,
               "scaling": {16: {"ratio": scale, "bound": 1 / (2 * 5)}}}
     fam = {"mu=0,independent": {"participation_ratio": [8.0, pr_k[0], 5.0, pr_k[1]], "max_second_difference": d2,
-                                "concave": d2 <= C.concavity_tol, "per_set_opt": [0.2, 0.3, 0.4, 0.5]}}
+                                "concave": d2 <= C.families.concavity_tol, "per_set_opt": [0.2, 0.3, 0.4, 0.5]}}
     hyper = {"rows": [{"p": 0.125, "participation_ratio": pr_hyper[0]}, {"p": 1.0, "participation_ratio": pr_hyper[1]}]}
     return anchors, ptas, greedy, fam, hyper
 
@@ -32,7 +32,7 @@ def _studies(table=1e-7, mc_z=0.5, opt=1e-6, corr=1e-6, ptas_gap=0.05, level=1.0
 def _old_rule(anchors, ptas, greedy, fam, hyper):
     """The verdict's rule before the checks (experiments/gaussian_sup.py at f85adb4), written out independently."""
     anchors_ok = (anchors["table_max_abs_error"] <= 1e-6 and abs(anchors["mc_z"]) < 4
-                  and anchors["optimum_max_abs_error"] <= C.anchor_tol and anchors["correlated_max_abs_error"] <= 1e-5)
+                  and anchors["optimum_max_abs_error"] <= C.anchors.tol and anchors["correlated_max_abs_error"] <= 1e-5)
     greedy_ok = (greedy["min_level_ratio"] >= E - 1e-12 and greedy["min_alg_over_opt"] >= greedy["log_bound"]
                  and all(v["ratio"] >= v["bound"] for v in greedy["scaling"].values()))
     indep = [v for k, v in fam.items() if k.endswith("independent")]

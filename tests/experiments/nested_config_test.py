@@ -27,6 +27,8 @@ OVERRIDES = {
     "qvg": ("--quant.num-centroids", "8", "quant", "num_centroids", 8, "--ablate.speeds"),
     "fm_active_learning": ("--al.rounds", "3", "al", "rounds", 3, "--fm.temperature"),
     "nmars": ("--augment.kind", "inferred", "augment", "kind", "inferred", "--rl.max-undos"),
+    "gaussian_sup": ("--ptas.eps", "0.9 0.5", "ptas", "eps", (0.9, 0.5), "--hypergraphs.probs"),
+    "router_interp": ("--sae.steps", "120", "sae", "steps", 120, "--lm.model.moe.num-experts"),
 }
 
 
@@ -82,6 +84,8 @@ def test_help_lists_the_nested_fields(slug, capsys):
     ("qvg", "--eval.gen-frames", "1", "--eval.gen-frames must be >= 2 (the first generated frame never reads the span); got 1"),
     ("fm_active_learning", "--noise.kind", "blur", "--noise.kind must be one of ('symmetric', 'pair'), got 'blur'"),
     ("nmars", "--augment.kind", "random", "--augment.kind must be one of ('inferred', 'diff'); got 'random'"),
+    ("gaussian_sup", "--greedy.set-prob", "0", "--greedy.set-prob must be in (0, 1]; got 0.0"),
+    ("router_interp", "--interp.min-precision", "1.5", "--interp.min-precision must be in (0, 1], got 1.5"),
 ])
 def test_a_bad_nested_value_names_its_flag(slug, flag, value, message, tmp_path, capsys):
     assert cli.main(["run", slug, "--preset", "smoke", "--results-dir", str(tmp_path), flag, value]) == 2
