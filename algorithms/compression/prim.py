@@ -1,89 +1,37 @@
 """PRIM: cooperative dynamic token compression for an audio-visual LM (a RECONSTRUCTION, see below).
 
-READ FIRST -- what is the paper's and what is ours. Only PRIM's abstract was available (ICML 2026
-poster page; no PDF, no code). The abstract names three components: (1) text-conditioned early
-audio-visual fusion, (2) attention-guided and frequency-aware removal of audio and video tokens
-before the LM, (3) task-adaptive token retention inside the LM. EVERY concrete operator below is
-[INFERRED]: the instantiation proposed by the spec (papers/specs/inference_moe.md section 4 (b)),
-built from the closest published designs -- FastV / PyramidDrop (attention-ranked pruning inside the
-LM) and OmniZip / EchoingPixels / SEATS / ContextGuard (audio-visual pruning before the LM). Treat
-results obtained with this module as results of that design, not of the paper's exact algorithm.
+READ FIRST: only PRIM's abstract was available (no PDF, no code). It names (1) text-conditioned
+early audio-visual fusion, (2) attention-guided, frequency-aware removal of audio and video tokens
+before the LM and (3) task-adaptive token retention inside the LM. Every concrete operator here is
+[INFERRED]: the spec's instantiation (papers/specs/inference_moe.md section 4 (b)), built from FastV /
+PyramidDrop (attention-ranked pruning in the LM) and OmniZip-style audio-visual pruning before it.
+Results obtained with this module are results of that design, not of the paper's exact algorithm.
+Each function's docstring gives its equation.
 
-Pipeline (`prim_plan` then `pruned_forward`), all [INFERRED] from the spec:
+Pipeline (`prim_plan`, then `pruned_forward`):
+  1. `text_relevance`: rho over the AV tokens from the question's attention (the LM's first-layer
+     q/k, or raw embeddings). DEVIATION from the spec: one softmax over video and audio jointly.
+  2. `fuse_audio_visual`: text-conditioned fusion in time-aligned windows (gamma = 0: identity).
+  3. `modality_budgets`: the budget B split between video and audio by relevance mass.
+  4. `frequency_scores`: high-pass energy per window; mixed with rho, top b_v / b_a tokens kept.
+     `merge_pruned` (optional) merges each pruned token into its most similar kept one.
+  5. `InLMPrune(kind="adaptive")`: at layer K each row keeps the smallest set of AV tokens reaching
+     attention mass p, within [r_min, r_max]; rows are gathered to a static cap and the extra slots
+     isolated by segment ids. Several stages give PyramidDrop's schedule.
+  6. `InLMPrune(kind="epsilon")`: drops the least-attended AV tokens whose raw mass is < eps.
+Baselines at the same budget: `uniform_plan` (strided) and `InLMPrune(kind="fastv")`.
 
-  1. Text relevance `text_relevance`: rho_j = mean over question tokens and heads of the softmax over
-     the audio-visual (AV) tokens j of q.k / sqrt(d), with q, k either the LM's first-layer rotated
-     queries / keys (`relevance="layer0"`, the spec's option) or the raw input embeddings
-     (`relevance="embed"`, parameter-free, one head). DEVIATION from the spec's formula: the softmax
-     runs over video and audio tokens jointly (the spec's per-modality softmax makes
-     m_v = sum rho_v = 1 = m_a always, so its modality budget b_v = B m_v / (m_v + m_a) would be B/2
-     for every question).
-  2. Fusion `fuse_audio_visual`: V' = V + gamma Attn(V, A_tau(v), A_tau(v)) and symmetrically
-     A' = A + gamma Attn(A, V_tau(a), V_tau(a)), attention restricted to the time-aligned window
-     (`align` [n_v, n_a]) and text-conditioned by adding log rho of the key tokens to the logits.
-     gamma = 0 is the identity (the "pure selection" variant).
-  3. Modality budgets `modality_budgets`: b_v = round(B m_v / (m_v + m_a)) clamped so that each
-     modality keeps >= min(b_min, its size) tokens and b_v + b_a = B exactly.
-  4. Frequency-aware scores `frequency_scores`: per modality, the token sequence (video: patch raster
-     order; audio: time) is cut into windows of `window` tokens; the energy of token j's high-pass part
-     (DFT along the window, bins with frequency index min(k, w - k) >= cutoff kept, inverse DFT) is its
-     score. cutoff = 1 removes only the DC bin: tokens equal to their window's mean (static background,
-     silence) score 0. The per-modality score is (1 - lambda) rho / max rho + lambda f / max f, and
-     the top b_v video and top b_a audio tokens are kept (`prim_plan`).
-  4b. Merging `merge_pruned` (`PRIMConfig.merge`, off by default): instead of being dropped, every pruned
-     token of a modality is merged into its most cosine-similar KEPT token of the same modality:
-     x'_k = (x_k + sum_{j -> k} w_j x_j) / (1 + sum_{j -> k} w_j) with w_j = max(cos(x_j, x_k), 0)
-     ("similarity") or w_j = 1 ("mean": the plain group mean, the spec's unit-test form). [INFERRED]
-     twice over: the spec's merging step collapses low-DC-energy (static) runs into one averaged token;
-     here the tokens the frequency-aware ranking removes are the ones merged (ToMe / VisionZip-style
-     target choice), so merging changes the kept tokens' embeddings but never the budget. The merged
-     token keeps the kept token's position; no size-proportional attention (ToMe's log-size bias).
-  5. In-LM adaptive retention (`InLMPrune(kind="adaptive")`): at layer K the attention of the last
-     prompt token to every remaining AV token (mean over heads, renormalised over AV tokens) is sorted;
-     each row keeps the smallest set whose mass reaches p, bounded by [r_min, r_max] times the AV
-     tokens present. The rows then hold different counts: the batch is gathered to the static cap
-     ceil(r_max n) and the extra slots are isolated by segment ids (no real token attends to them),
-     so every row computes exactly what its kept set defines; `modeled_flops` counts each row's own
-     count (what a ragged or batch-1 implementation runs), the measured wall time runs the cap.
-  6. Pyramid schedule: `pruned_forward(in_lm=(stage_1, stage_2, ...))` applies retention again at
-     deeper layers (strictly increasing `layer`s), each stage ranking the tokens the previous one kept
-     with its own layer's attention row (PyramidDrop's schedule; the spec: "optionally repeat at a
-     deeper layer"). [INFERRED] layers and ratios: the spec names none; the experiment repeats the
-     same mass rule (p, [r_min, r_max] of the tokens present in each row) at a second layer.
-  7. Epsilon rule (`InLMPrune(kind="epsilon", eps=...)`, spec: "drop all AV tokens in the last layers
-     if their attention mass falls below eps"): with the query row's RAW attention (mean over heads,
-     NOT renormalised over AV tokens, so text tokens hold the rest of the mass), the largest set of
-     least-attended AV tokens whose total mass is < eps is dropped (`epsilon_keep_count`). When the
-     whole AV mass is < eps every AV token goes (the spec's literal rule); otherwise only the tail.
-     The budget is task-adaptive (per row, possibly 0). [INFERRED]: the spec gives no eps and no
-     layer; the tail form generalises its all-or-nothing sentence.
-
-Baselines at the same budget B (the number of AV tokens that enter the LM):
-  * `uniform_plan`: strided pruning, each modality keeps a share proportional to its size,
-    evenly spaced (no scoring);
-  * FastV (`InLMPrune(kind="fastv")`, Chen et al. 2024): every AV token enters the LM; after layer K
-    the B AV tokens most attended by the last prompt token are kept (K = 2 in FastV).
-
-Positions: kept tokens keep their ORIGINAL positions (RoPE and the causal mask); pruning never
-renumbers. The pruned forward really runs on fewer tokens (gathers) over the LM's public submodules
-(`lm.layers[l]`, `lm.final_norm`, `lm.unembed` / `lm.embed`): `Transformer.__call__` cannot change the
-sequence length between layers, which FastV and the adaptive retention need, so this module has its
-own layer loop (`Block.__call__` with `segment_ids`, unchanged maths; tested equal to the unpruned
-`VLM` at keep-all and to the full model with the dropped tokens masked out through `attention_bias`).
-
-Compute model (`modeled_flops`): forward FLOPs from `TransformerConfig.flops_per_token` split into
-per-layer weight matmuls (2 FLOPs per multiply-add) and attention (4 t h d per token at t tokens, the
-full t x t convention of `flops_per_token`), summed over each layer's token count, plus the logits of
-the one query row and the scoring overhead of the method (relevance projections and scores, the
-attention row of the in-LM stage). The encoders run in full for every method and are not counted.
+Kept tokens keep their original positions (RoPE, causal mask). `pruned_forward` runs its own layer
+loop over the LM's public submodules, because `Transformer.__call__` cannot shorten the sequence
+between layers (tested equal to the unpruned `VLM` at keep-all). `modeled_flops` and `scoring_flops`
+give the compute model; it counts each row's own token count (what a ragged implementation runs),
+while measured wall time runs the static cap.
 
 Dimension legend: `b` batch, `t` sequence tokens, `n` AV tokens (n_v video, n_a audio), `q` question
 tokens, `D` LM width, `h` heads, `d` head dim, `w` window, `L` layers, `B` AV token budget.
 
-Missing / weak (spec 4 (b)): merging is of the pruned tokens into kept ones (not of static DC runs
-into one new token, which would change the budget); no KV-cache decode after pruning (the experiment
-answers with one token); the in-LM attention row is recomputed from the layer's weights (one query
-row) rather than taken from a flash kernel's designated rows.
+Missing / weak: merging is of pruned tokens into kept ones (not of static runs into one new token);
+no KV-cache decode after pruning; the in-LM attention row is recomputed from the layer's weights.
 
 References:
   Spec: /work/shared/papers/specs/inference_moe.md section 4 (PRIM: Song Li, Yongping Xiong, ICML 2026;
@@ -312,7 +260,9 @@ def text_relevance(q: jax.Array, q_mask: jax.Array, k: jax.Array) -> jax.Array:
       q: [b, q, h, d] queries (question tokens); q_mask: [b, q] bool, which are real.
       k: [b, n, h, d] keys of the n AV tokens (heads already matched to q's).
 
-    Every row of rho sums to 1 (joint softmax over video and audio tokens, see the module docstring).
+    Every row of rho sums to 1: one softmax over video and audio tokens jointly. [INFERRED] DEVIATION
+    from the spec, whose per-modality softmax makes m_v = m_a = 1 always, so `modality_budgets` would
+    split every budget B / 2.
 
     Raises:
       ValueError: naming the argument for shapes that disagree.

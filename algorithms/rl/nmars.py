@@ -9,41 +9,23 @@ Public functions:
   * vocabulary: `add_undo_token` (one more embedding row, "semantic" / "random" / "zero" init; the
     <UNDO> id is the old vocabulary size V), `extend_config` (`vocab_size=V + 1`);
   * rendering: `render` (numpy), `render_batch` (jittable);
-  * data and loss: `augment_batch` (the spec's inferred simple variant: z = y*_{<t} + deviation of k
-    tokens + <UNDO>^k + y*_{>=t}, with its `loss_mask`), `diff_augment` / `diff_augment_batch` (the
-    paper's sequence-alignment augmentation of the model's own sampled outputs, below), `msft_loss`
-    (no loss on deviation tokens; `mask_deviations=False` is the control arm);
+  * data and loss: `diff_augment` / `diff_augment_batch` (the paper's sequence-alignment augmentation
+    of the model's own samples, Section 3.1 Eq. 2-5), `augment_batch` (the spec's inferred simpler
+    variant: a deviation of k tokens, k <UNDO>s, then the reference), `msft_loss` (mSFT, Eq. 6: no loss
+    on error tokens; `mask_deviations=False` is the control arm);
   * GRPO reward: `undo_stats`, `undo_reward`, `make_reward_fn` (a `reward_fn` for
     `algorithms.rl.grpo.train`);
   * decoding and metrics: `NoUndoSampler` (drops the <UNDO> logit column, so it draws the original
     model's tokens for the same key), `undo_metrics` (exact match, <UNDO> rate and precision, overhead).
 
-What the paper says (read in the authors' paper sources, Section 3.1 "Sequence Alignment Augmentation",
-Eq. 2-5, Section 3.2 Eq. 6 "mSFT", Appendix "Additional Sequence Augmentations"; their released
-`sequence_alignment.py` was read for the same step, not copied):
-  * a completion y_hat ~ p_theta(. | x) is drawn from the policy model itself (Eq. 2; the released
-    script draws it greedily from the model before fine-tuning);
-  * the maximal, non-overlapping, order-preserving matching blocks M(y, y_hat) = {(a_i, b_i, l_i)} are
-    computed (Eq. 3; Myers diff, the released code uses `difflib.SequenceMatcher(autojunk=False)`);
-  * error indices are the positions of y_hat not covered by a block (Eq. 4);
-  * y* walks y_hat: each matched block p_i is kept, each error span e_i (the y_hat tokens between
-    blocks i and i+1) is followed by k_i = |e_i| <UNDO>s and by the corrections c_i = the reference
-    tokens between the same blocks (Eq. 5), so every divergence region, not only the first, is
-    repaired, and stack rendering of y* gives y;
-  * mSFT: M_t = 0 exactly on error-span tokens, 1 on matched, <UNDO> and correction tokens (Eq. 6);
-  * a correct sample has no error span (y* = y); every training example is augmented this way (the
-    released script builds D_aug from every training row).
-`diff_augment` implements this (`spans="all"`); `spans="first"` keeps the sample up to and including its
-first error span, erases it and continues with the reference (a single-repair variant, ours).
-Choices of ours where the paper says nothing: a region whose error span is empty (the sample skipped
-reference tokens) gets its corrections without <UNDO> (Eq. 5 with k_i = 0; the released code drops
-those corrections, which breaks render(y*) = y, so we follow the equation); the sample is cut at its
-first EOS and the trace ends with EOS; `alignment="prefix"` (longest common prefix, one span) is a
-control of ours, not the paper's.
-
-Our inference, not the paper's: the reward terms (the paper's R_inc in {-1, 1} and R_pen with the
-<UNDO> budget kappa are written in its Section 3.3; `undo_reward` keeps the spec's inferred form, every
-weight an argument). Not implemented: the "truncate the context" reading of <UNDO>.
+Sources: the authors' paper sources (Section 3.1 Eq. 2-5, Section 3.2 Eq. 6, the appendix on
+augmentations) and their released `sequence_alignment.py` (read, not copied). Where we differ or
+choose: `experiments/nmars.py` samples at a temperature (Eq. 2; the released script decodes greedily); a region
+whose error span is empty gets its corrections without <UNDO> (Eq. 5 with k_i = 0; the released code
+drops them, which breaks render(y*) = y); the sample is cut at its first EOS; `spans="first"` and
+`alignment="prefix"` are controls of ours. [INFER] the reward's form (`undo_reward`; the paper's R_inc
+and R_pen of Section 3.3 are not reproduced term for term; every weight is an argument). Not
+implemented: the "truncate the context" reading of <UNDO>.
 
 Dimension legend: `b` sequences, `T` tokens of a full sequence, `N` generated (completion) tokens,
 `L` reference answer tokens, `v` vocabulary, `D` model width.

@@ -1,72 +1,42 @@
-"""Staged perception -> reasoning RL post-training of a VLM (GRPO with images, stage curriculum).
+r"""Staged perception -> reasoning RL post-training of a VLM (GRPO with images, stage curriculum).
 
-"From Seeing to Thinking: Decoupling Perception and Reasoning Improves Post-Training of
-Vision-Language Models" (arXiv 2605.20177): post-training is split by *capability* into stages,
-each an RLVR (GRPO) run initialised from the previous stage's checkpoint. The released recipe runs
-Stage 1 visual perception -> Stage 2 textual reasoning -> Stage 3 visual reasoning (steps 90 / 375 /
-465); the baseline "merged" pools the three datasets, shuffles them and trains one run with the
-same total steps. Reward (all stages): ``0.9 * accuracy + 0.1 * format`` with the unified
-"<think> ... </think> \\boxed{...}" response format.
+"From Seeing to Thinking" (arXiv 2605.20177) splits post-training by capability into stages, each an
+RLVR (GRPO) run started from the previous stage's checkpoint: visual perception -> textual reasoning
+-> visual reasoning. The baseline "merged" pools the stages' data into one run of the same total
+steps. Reward: ``0.9 * accuracy + 0.1 * format`` on "<think> ... </think> \boxed{...}" responses.
 
-What this module provides (pure pieces + a small driver):
-  * rewards: `format_reward`, `accuracy_reward`, `staged_reward` (on a completion's words) and
-    `make_reward_fn` (batched, the engine's `reward_fn` signature);
-  * the VLM GRPO step: `sample_vlm_rollout` (G completions per image prompt: the multimodal
-    prompt is prefilled by `VLM.prefill`, then `algorithms.decoding.generate` samples the text
-    continuation from the LM's KV cache), `vlm_logprobs` (teacher-forced per-token log-probs with
-    the images), `vlm_update` (jitted clipped surrogate + k3 KL to a reference, with a freeze mask);
-  * the curriculum: `Stage`, `Schedule` (`staged_schedule`, `merged_schedule`), `make_prompt_fn`
-    (per-stage prompt sources; merged = the union of exactly the staged prompts, shuffled) and
-    `train_staged` (orbax checkpoint per iteration, resume mid-stage to the same parameters);
-  * the data side of the recipe: `perception_filter` (keep a perception question iff every filter
-    model fails it from the image but answers it from the caption), `difficulty_order` (the
-    difficulty curriculum: easy -> hard by pass rate, ties shuffled by a seed, solved prompts
-    dropped), `pool_source` (a stage's prompt source reading a filtered / ordered pool in order,
-    so the curriculum order is the order the stage visits) and `estimate_pass_rates` (k sampled
-    completions per prompt);
-  * the SFT-for-perception ablation: a `Stage` with `trainer="sft"` is trained by supervised
-    next-token steps on the same prompts (`train_staged(..., sft_fn=...)`) instead of GRPO;
-  * `vlm_sft` (the supervised warm-up so that GRPO has signal) and `greedy_completions` (eval).
+What the code does:
+  * rewards: `format_reward`, `accuracy_reward`, `staged_reward`, batched by `make_reward_fn`;
+  * GRPO with images: `sample_vlm_rollout` (the multimodal prompt prefilled by `VLM.prefill`, the
+    text sampled by `algorithms.decoding.generate`), `vlm_logprobs`, `vlm_update` (clipped surrogate
+    + k3 KL, a freeze mask). They live here because `algorithms.rl.grpo` calls `model(tokens)`,
+    which cannot pass images; its pure pieces (advantages, sequence assembly, state) are reused;
+  * the curriculum: `Stage`, `staged_schedule` / `merged_schedule`, `make_prompt_fn` and
+    `train_staged` (orbax checkpoint per iteration, resume mid-stage bit-identically; a stage with
+    `trainer="sft"` is the SFT-for-perception ablation);
+  * the data recipe: `perception_filter`, `difficulty_order`, `pool_source`, `estimate_pass_rates`;
+    `vlm_sft` (warm-up) and `greedy_completions` (evaluation).
 
-Why the VLM rollout / update live here and not in `algorithms.rl.grpo`: the engine's
-`sample_rollout` calls `generate(model, tokens)` and its `policy_logprobs` calls `model(tokens)`,
-neither of which can pass images to a VLM. The pure pieces are reused: `grpo.grpo_advantage_fn`,
-`grpo.assemble_sequences`, `grpo.init_state`, `grpo.GRPOConfig`, `grpo.Rollout`, and
-`primitives.policy_losses` (`clipped_surrogate`, `k3_kl`, `masked_mean`, `token_logprobs`,
-`entropy_from_logits`), `algorithms.training.Checkpointer` and `algorithms._loop.run_loop`.
+INFERRED (the paper and spec leave these open; the spec's section 10 (f) notes the order ambiguity):
+  * each stage gets a fresh optimizer and its KL reference is the policy at the stage's start
+    (separate EasyR1 runs); merged keeps one optimizer and the initial policy as reference;
+  * merged = the multiset union of exactly the staged run's prompts, shuffled, same batch size;
+  * the frozen vision tower of the textual stage [READ] is ViT + projector (EasyR1's
+    `freeze_vision_tower`), its updates masked to exactly zero;
+  * rewards act on whitespace words ("<think>", "</think>", "\boxed" are tokens; the answer is the
+    word after the last "\boxed", compared exactly);
+  * greedy evaluation (the paper: temperature 0.6, top-p 0.95);
+  * `perception_filter`'s thresholds for k-sample pass rates generalise the paper's 0/1 rule;
+  * the difficulty order sorts a stage's prompts once by the base model's pass rate (k = 8) and
+    visits them in that order (the released script's ``data.shuffle=false`` [READ]);
+  * SFT-for-perception trains on the same prompts with the same optimizer and step budget.
 
 Dimension legend: `B` prompts per batch, `G` samples per prompt, `b = B * G` sequences (groups
 contiguous), `P` padded prompt length, `N` max new tokens, `n_img` images per prompt, `H, W, c`
 image shape, `v` vocabulary.
 
-Spec: /work/shared/papers/specs/rl_alignment_agents.md section 10 (b) (recipe, reward), (d) (CPU
-plan), (e) (tests), (f) (stage order ambiguity: the order is configurable).
-
-INFERRED (not fixed by the paper / spec):
-  * stage boundaries: each stage starts "from the previous stage's checkpoint" [READ]; as separate
-    EasyR1 runs, each stage gets a fresh optimizer state and its KL reference is the policy at the
-    stage's start [INFER]. The merged run keeps one optimizer and the initial policy as reference.
-  * merged = the multiset union of exactly the prompts the staged run sees, shuffled with a seed and
-    cut into batches of the same size [INFER from "pooled and shuffled ... same total steps"], so
-    both see the same total number of rollouts (and the same prompts).
-  * the vision tower (ViT + projector, as EasyR1's `freeze_vision_tower` freezes Qwen's `visual`
-    module incl. its merger [INFER]) is frozen in the textual-reasoning stage [READ: Stage 2 frozen]
-    by masking its updates to exactly zero; trainable in the other stages and in merged training.
-  * the format and accuracy rewards act on whitespace words of a word tokenizer: "<think>",
-    "</think>" and "\\boxed" are single tokens and the boxed content is the single word after the
-    last "\\boxed" (mathruler's `grade_answer` becomes exact string equality of that word).
-  * greedy decoding for evaluation (the paper validates at temperature 0.6, top-p 0.95).
-  * perception filter: the paper's filter VLMs answer a multiple-choice question once each
-    (correct / wrong); `perception_filter` takes per-model pass rates and keeps a sample iff
-    img pass rate <= `img_max` (default 0: wrong) and caption pass rate >= `caption_min` (default
-    1: right) for every model, which is the paper's rule for 0/1 (greedy) correctness [READ]; the
-    thresholds for k-sample pass rates are an [INFER] generalisation.
-  * difficulty curriculum: the released script sorts the whole stage file once by the base
-    model's pass rate (k samples; k = 8 by default [INFER, set in unread shell scripts]) and trains
-    with `data.shuffle=false` [READ]; here the stage's prompts are visited once in that order.
-  * SFT-for-perception: the paper's ablation fine-tunes on captions; here the perception stage
-    is SFT on the same prompts' supervised responses with the same optimizer, optimizer steps per
-    iteration and iterations as the RL stage [INFER: "same examples, same steps" budget].
+Spec: /work/shared/papers/specs/rl_alignment_agents.md section 10 ((b) recipe and reward, (d) CPU
+plan, (e) tests, (f) stage order).
 
 References:
   Shao et al., "DeepSeekMath" (GRPO), arXiv:2402.03300, 2024.
