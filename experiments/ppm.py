@@ -38,6 +38,9 @@ Recipe:
     python -m experiments run ppm --preset smoke     # seconds, used by the tests
     python -m experiments run ppm --preset quick     # about 3 CPU minutes (d_model 32, <= 800 steps per model)
     python -m experiments run ppm --preset paper     # the released sizes (d_model 256, H 192, K 100)
+    python -m experiments run ppm --preset smoke --loss.bandwidth 0.1   # one field of a config section
+
+Config sections (`run ppm --help` lists every field): data, model, loss, sweep, ddpm, train.
 """
 
 from __future__ import annotations
@@ -72,48 +75,97 @@ KDE_ROW = "PPM + kernel noise"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """ppm settings (every field can be overridden on the command line)."""
+class DataSection:
+    """The generated series and their windows L -> H (``--data.length 6000 --data.noises bimodal``)."""
 
-    # Data.
     length: int = 8000
     num_channels: int = 7
     num_factors: int = 3
     noise_level: float = 0.6
     noises: tuple[str, ...] = NOISES
-    models: tuple[str, ...] = MODELS  # must contain REQUIRED
     seq_len: int = 96
     pred_len: int = 24
-    # Models.
+    max_test_windows: int = 0  # 0 = all
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    """The widths every MLP-based model shares (``--model.d-model 32``)."""
+
     d_model: int = 64
     d_ff: int = 128
     num_quantiles: int = 19
-    # Hybrid loss.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LossSection:
+    """PPM's hybrid loss (tau KDE-NLL + MSE) and its sample counts (``--loss.bandwidth 0.1``)."""
+
     tau: float = 0.1
     bandwidth: float = 0.3
     train_samples: int = 16
-    test_samples: int = 100
+    test_samples: int = 100  # K samples per window of every sampled model at test time
     beta_kl: float = 0.0
-    # PPM retrained with other (training samples K, KDE bandwidth h) pairs on `sweep_noises`, reported.
-    sweep: tuple[tuple[int, float], ...] = ()
-    sweep_noises: tuple[str, ...] = ("bimodal",)
-    # Conditional DDPM baseline: its noise-prediction loss is noisier than the others' and needs more steps
-    # (quick scale: CRPS 0.59 after the shared 630 steps at lr 1e-3, 0.27 after 1890 at 3e-3), so it
-    # gets its own learning rate and epoch count; everything else is shared.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepSection:
+    """PPM retrained with other (training samples K, KDE bandwidth h) pairs on `noises`, reported
+    (``--sweep.pairs 8 0.3 32 0.1``)."""
+
+    pairs: tuple[tuple[int, float], ...] = ()
+    noises: tuple[str, ...] = ("bimodal",)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DDPMSection:
+    """The conditional DDPM baseline (``--ddpm.epochs 60``).
+
+    Its noise-prediction loss is noisier than the others' and needs more steps (quick scale: CRPS 0.59 after
+    the shared 630 steps at lr 1e-3, 0.27 after 1890 at 3e-3), so it gets its own learning rate and epoch
+    count; everything else is shared (`train`).
+    """
+
     diffusion_steps: int = 50
-    ddpm_learning_rate: float = 3e-3
-    ddpm_epochs: int = 30
-    ddpm_lr_decay: float = 0.9
-    # Optimization.
+    learning_rate: float = 3e-3
+    epochs: int = 30
+    lr_decay: float = 0.9
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """Adam with the "type1" schedule and early stopping, shared by every model (``--train.epochs 20``)."""
+
     learning_rate: float = 1e-3
     lr_decay: float = 0.8
     batch_size: int = 64
     epochs: int = 10
     patience: int = 3
     max_steps_per_epoch: int = 0
-    max_test_windows: int = 0  # 0 = all
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """ppm settings, in sections overridden on the command line as ``--loss.bandwidth 0.1``."""
+
+    data: DataSection = DataSection()
+    models: tuple[str, ...] = MODELS  # must contain REQUIRED
+    model: ModelSection = ModelSection()
+    loss: LossSection = LossSection()
+    sweep: SweepSection = SweepSection()
+    ddpm: DDPMSection = DDPMSection()
+    train: TrainSection = TrainSection()
     seed: int = 0
     progress: bool = True
+
+    def __post_init__(self):
+        err = registry.ConfigError
+        if not self.data.noises or any(n not in NOISES for n in self.data.noises):
+            raise err("data.noises", f"must be a non-empty subset of {NOISES}; got {self.data.noises}")
+        unknown = [m for m in self.models if m not in MODELS]
+        missing = [m for m in REQUIRED if m not in self.models]
+        if unknown or missing:
+            raise err("models", f"must be a subset of {MODELS} containing {REQUIRED}; got {self.models}")
 
 
 def make_series(key: jax.Array, *, length: int, num_channels: int, num_factors: int = 3, noise: str = "gaussian",
@@ -168,8 +220,8 @@ def _splits(series: np.ndarray, c: Config):
     mean, std = series[:a].mean(0), series[:a].std(0) + 1e-8
     z = (series - mean) / std
     # Each later split keeps the preceding seq_len steps as look-back (as in Time-Series-Library).
-    parts = (z[:a], z[a - c.seq_len:b], z[b - c.seq_len:])
-    return [F.sliding_windows(p, seq_len=c.seq_len, pred_len=c.pred_len) for p in parts]
+    parts = (z[:a], z[a - c.data.seq_len:b], z[b - c.data.seq_len:])
+    return [F.sliding_windows(p, seq_len=c.data.seq_len, pred_len=c.data.pred_len) for p in parts]
 
 
 def _timeit(fn):
@@ -183,17 +235,18 @@ def _timeit(fn):
 
 def _run_dataset(c: Config, noise: str, key: jax.Array):
     kd, kt, ks = jax.random.split(key, 3)
-    series = make_series(kd, length=c.length, num_channels=c.num_channels, num_factors=c.num_factors, noise=noise,
-                         noise_level=c.noise_level)
+    series = make_series(kd, length=c.data.length, num_channels=c.data.num_channels, num_factors=c.data.num_factors,
+                         noise=noise, noise_level=c.data.noise_level)
     (xtr, ytr), (xva, yva), (xte, yte) = _splits(series, c)
-    if c.max_test_windows:
-        xte, yte = xte[:c.max_test_windows], yte[:c.max_test_windows]
-    mcfg = M.PPMConfig(seq_len=c.seq_len, pred_len=c.pred_len, d_model=c.d_model, d_ff=c.d_ff)
-    tcfg = F.TrainConfig(learning_rate=c.learning_rate, lr_decay=c.lr_decay, batch_size=c.batch_size,
-                         epochs=c.epochs, patience=c.patience, max_steps_per_epoch=c.max_steps_per_epoch,
-                         progress=c.progress)
-    lcfg = F.HybridLossConfig(tau=c.tau, bandwidth=c.bandwidth, num_samples=c.train_samples, beta_kl=c.beta_kl)
-    K, nte = c.test_samples, xte.shape[0]
+    if c.data.max_test_windows:
+        xte, yte = xte[:c.data.max_test_windows], yte[:c.data.max_test_windows]
+    mcfg = M.PPMConfig(seq_len=c.data.seq_len, pred_len=c.data.pred_len, d_model=c.model.d_model, d_ff=c.model.d_ff)
+    tcfg = F.TrainConfig(learning_rate=c.train.learning_rate, lr_decay=c.train.lr_decay,
+                         batch_size=c.train.batch_size, epochs=c.train.epochs, patience=c.train.patience,
+                         max_steps_per_epoch=c.train.max_steps_per_epoch, progress=c.progress)
+    lcfg = F.HybridLossConfig(tau=c.loss.tau, bandwidth=c.loss.bandwidth, num_samples=c.loss.train_samples,
+                              beta_kl=c.loss.beta_kl)
+    K, nte = c.loss.test_samples, xte.shape[0]
     samples, cost = {}, {}
 
     def fit(name, model, loss, config=tcfg):
@@ -210,7 +263,7 @@ def _run_dataset(c: Config, noise: str, key: jax.Array):
 
     ppm = fit("PPM", M.PPM(mcfg, rngs=nnx.Rngs(c.seed)), F.make_ppm_loss(lcfg))
     samples["PPM"] = timed("PPM", lambda: F.sample_ppm(ppm, xte, jax.random.fold_in(ks, 0), num_samples=K))
-    samples[KDE_ROW] = F.kde_samples(jax.random.fold_in(ks, 5), samples["PPM"], bandwidth=c.bandwidth)
+    samples[KDE_ROW] = F.kde_samples(jax.random.fold_in(ks, 5), samples["PPM"], bandwidth=c.loss.bandwidth)
     cost[KDE_ROW] = dict(cost["PPM"])
 
     gm = fit("Gaussian MLP", M.GaussianMLP(mcfg, rngs=nnx.Rngs(c.seed)), F.gaussian_nll_loss)
@@ -219,7 +272,7 @@ def _run_dataset(c: Config, noise: str, key: jax.Array):
     gauss_closed_crps = float(jnp.mean(pm.crps_gaussian(yte, mean, std)))
 
     if "Quantile MLP" in c.models:
-        qm = fit("Quantile MLP", M.QuantileMLP(mcfg, num_quantiles=c.num_quantiles, rngs=nnx.Rngs(c.seed)),
+        qm = fit("Quantile MLP", M.QuantileMLP(mcfg, num_quantiles=c.model.num_quantiles, rngs=nnx.Rngs(c.seed)),
                  F.pinball_loss)
         samples["Quantile MLP"] = jnp.sort(timed("Quantile MLP", lambda: F.predict(qm, xte)), axis=1)
 
@@ -229,16 +282,16 @@ def _run_dataset(c: Config, noise: str, key: jax.Array):
     samples["MLP + bootstrap"] = F.bootstrap_samples(jax.random.fold_in(ks, 3), point, resid, num_samples=K)
 
     if DDPM in c.models:
-        sch = ddpm.ddpm_schedule(num_steps=c.diffusion_steps)
+        sch = ddpm.ddpm_schedule(num_steps=c.ddpm.diffusion_steps)
         dm = fit(DDPM, M.DiffusionMLP(mcfg, rngs=nnx.Rngs(c.seed)), F.make_ddpm_loss(sch),
-                 dataclasses.replace(tcfg, learning_rate=c.ddpm_learning_rate, epochs=c.ddpm_epochs,
-                                     lr_decay=c.ddpm_lr_decay, patience=0))
+                 dataclasses.replace(tcfg, learning_rate=c.ddpm.learning_rate, epochs=c.ddpm.epochs,
+                                     lr_decay=c.ddpm.lr_decay, patience=0))
         samples[DDPM] = timed(DDPM, lambda: F.sample_ddpm(dm, xte, jax.random.fold_in(ks, 6), sch, num_samples=K))
 
     if "Seasonal naive + bootstrap" in c.models:
-        sn_val = F.seasonal_naive(xva, period=24, pred_len=c.pred_len)
+        sn_val = F.seasonal_naive(xva, period=24, pred_len=c.data.pred_len)
         cost["Seasonal naive + bootstrap"] = {"params": 0, "train_s": 0.0, "steps": 0}
-        sn = timed("Seasonal naive + bootstrap", lambda: F.seasonal_naive(xte, period=24, pred_len=c.pred_len))
+        sn = timed("Seasonal naive + bootstrap", lambda: F.seasonal_naive(xte, period=24, pred_len=c.data.pred_len))
         samples["Seasonal naive + bootstrap"] = F.bootstrap_samples(jax.random.fold_in(ks, 4), sn,
                                                                    yva - np.asarray(sn_val), num_samples=K)
     res, pits = {}, {}
@@ -248,10 +301,10 @@ def _run_dataset(c: Config, noise: str, key: jax.Array):
         pits[name] = pit.ravel()
     res["Gaussian MLP"]["crps_closed_form"] = gauss_closed_crps
     sweep = {}  # "K=.., h=..": CRPS, QICE, coverage of PPM trained with that pair (main pair included)
-    if noise in c.sweep_noises and c.sweep:
-        sweep[f"K={c.train_samples}, h={c.bandwidth:g}"] = {m: res["PPM"][m] for m in SWEEP_METRICS}
-        for k_train, h in c.sweep:
-            if (k_train, h) == (c.train_samples, c.bandwidth):
+    if noise in c.sweep.noises and c.sweep.pairs:
+        sweep[f"K={c.loss.train_samples}, h={c.loss.bandwidth:g}"] = {m: res["PPM"][m] for m in SWEEP_METRICS}
+        for k_train, h in c.sweep.pairs:
+            if (k_train, h) == (c.loss.train_samples, c.loss.bandwidth):
                 continue
             lc = dataclasses.replace(lcfg, num_samples=int(k_train), bandwidth=float(h))
             r = F.train(M.PPM(mcfg, rngs=nnx.Rngs(c.seed)), F.make_ppm_loss(lc), (xtr, ytr), (xva, yva),
@@ -280,20 +333,13 @@ def headline(metrics: Mapping[str, Any]) -> str:
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    for n in c.noises:
-        if n not in NOISES:
-            raise ValueError(f"noises must be a subset of {NOISES}, got {c.noises}")
-    unknown = [m for m in c.models if m not in MODELS]
-    missing = [m for m in REQUIRED if m not in c.models]
-    if unknown or missing:
-        raise ValueError(f"models must be a subset of {MODELS} containing {REQUIRED}; got {c.models}")
     workdir = pathlib.Path(workdir)
     # RBG keys: XLA compiles their bit generator ~10x faster than threefry's on CPU (seconds per shape).
     key = jax.random.key(c.seed, impl="rbg")
     per, extras = {}, {}
-    for i, noise in enumerate(c.noises):
+    for i, noise in enumerate(c.data.noises):
         per[noise], extras[noise] = _run_dataset(c, noise, jax.random.fold_in(key, NOISES.index(noise)))
-    rows = list(per[c.noises[0]])
+    rows = list(per[c.data.noises[0]])
 
     def crps(n, m):
         return per[n][m]["crps"]
@@ -309,7 +355,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                      + "; QICE " + ", ".join(f"{m} {100 * r[m]['qice']:.2f}%" for m in rows)
                      + "; MSE " + ", ".join(f"{m} {r[m]['mse']:.4f}" for m in rows)
                      + "; 90% coverage " + ", ".join(f"{m} {r[m]['coverage_0.9']:.3f}" for m in rows))
-    p0 = per[c.noises[0]]
+    p0 = per[c.data.noises[0]]
     cost_txt = ", ".join(f"{m} {p0[m]['params']} params / {p0[m]['train_s']:.1f} s train / "
                          f"{p0[m]['infer_ms_per_window']:.3f} ms per window" for m in rows if m != KDE_ROW)
 
@@ -338,7 +384,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     checks.append(Check("(5) inference time per window, DDPM / PPM (worst variant)", speedup,
                         paper="the efficiency of parametric methods; generative models need more computation",
                         threshold=f">= {SPEEDUP_THRESHOLD:g}", passed=speedup >= SPEEDUP_THRESHOLD,
-                        note=f"T = {c.diffusion_steps} denoiser passes vs one; same process and batch size"))
+                        note=f"T = {c.ddpm.diffusion_steps} denoiser passes vs one; same process and batch size"))
     sweep_txt = " | ".join(f"[{n}] " + ", ".join(f"{k}: CRPS {v['crps']:.4f}, QICE {100 * v['qice']:.2f}%, "
                                                  f"90% cov. {v['coverage_0.9']:.3f}"
                                                  for k, v in extras[n]["sweep"].items())
@@ -346,14 +392,15 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     claim = "PPM beats a conditional DDPM on CRPS and QICE at a fraction of its inference cost"
     verdict, ok = verdict_from_checks(
         checks, claim=claim,
-        context=(f"Scale: series length {c.length}, {c.num_channels} channels, L={c.seq_len}, H={c.pred_len}, "
-                 f"d_model {c.d_model}, d_ff {c.d_ff}, K={c.train_samples} training / {c.test_samples} test samples, "
-                 f"h={c.bandwidth}, <= {c.epochs} epochs x {c.max_steps_per_epoch or 'all'} steps of batch "
-                 f"{c.batch_size}, one seed, {extras[c.noises[0]]['windows']} train/val/test windows; DDPM with "
-                 f"T={c.diffusion_steps}. " + " | ".join(lines)
-                 + f". Cost ({c.noises[0]}, train time includes compilation): " + cost_txt
+        context=(f"Scale: series length {c.data.length}, {c.data.num_channels} channels, L={c.data.seq_len}, "
+                 f"H={c.data.pred_len}, d_model {c.model.d_model}, d_ff {c.model.d_ff}, K={c.loss.train_samples} "
+                 f"training / {c.loss.test_samples} test samples, h={c.loss.bandwidth}, <= {c.train.epochs} epochs x "
+                 f"{c.train.max_steps_per_epoch or 'all'} steps of batch {c.train.batch_size}, one seed, "
+                 f"{extras[c.data.noises[0]]['windows']} train/val/test windows; DDPM with "
+                 f"T={c.ddpm.diffusion_steps}. " + " | ".join(lines)
+                 + f". Cost ({c.data.noises[0]}, train time includes compilation): " + cost_txt
                  + f". Lowest CRPS (raw-sample rows): {best}. '{KDE_ROW}' adds the loss's N(0, h^2) kernel noise "
-                 f"(h={c.bandwidth}) to PPM's samples, i.e. samples the density the KDE-NLL trains. "
+                 f"(h={c.loss.bandwidth}) to PPM's samples, i.e. samples the density the KDE-NLL trains. "
                  f"PPM by training samples K and bandwidth h: {sweep_txt}."
                  " Paper (ETTh1, H=192, vs diffusion baselines): CRPS 0.3369, QICE 1.475%, MSE 0.4474"),
         cause=_cause(per, c, {n: extras[n]["sweep"] for n in per}, speedup), cause_class="scale")
@@ -380,14 +427,14 @@ def _cause(per: Mapping[str, Any], c: Config, sweep: Mapping[str, Any], speedup:
                     for n in per)
     swept = "; ".join(f"{n}: " + ", ".join(f"{k} -> 90% coverage {v['coverage_0.9']:.2f}, QICE {100 * v['qice']:.2f}%"
                                             for k, v in rows.items()) for n, rows in sweep.items() if rows)
-    return (f"a small conditional DDPM ({per[next(iter(per))][DDPM]['params']} parameters, {c.ddpm_epochs} epochs) "
+    return (f"a small conditional DDPM ({per[next(iter(per))][DDPM]['params']} parameters, {c.ddpm.epochs} epochs) "
             f"learns these series as well as PPM or better ({acc}); the abstract's case against generative models is "
-            f"that they need extensive data and computation, and {c.length} steps of {c.num_channels} synthetic "
-            f"channels at H={c.pred_len} are enough data for one this small, while the cost side does show (PPM "
-            f"forecasts in one pass, {speedup:.0f}x faster per window). PPM's raw samples are under-dispersed at the "
-            f"released bandwidth h={c.bandwidth} (90% coverage {cov}): the MSE on the mean of K={c.train_samples} "
-            f"training samples rewards a spread shrinking by Var/K and the KDE-NLL fits samples narrower than the "
-            f"target by h" + (f"; retrained with other (K, h): {swept}" if swept else ""))
+            f"that they need extensive data and computation, and {c.data.length} steps of {c.data.num_channels} "
+            f"synthetic channels at H={c.data.pred_len} are enough data for one this small, while the cost side does "
+            f"show (PPM forecasts in one pass, {speedup:.0f}x faster per window). PPM's raw samples are "
+            f"under-dispersed at the released bandwidth h={c.loss.bandwidth} (90% coverage {cov}): the MSE on the mean "
+            f"of K={c.loss.train_samples} training samples rewards a spread shrinking by Var/K and the KDE-NLL fits "
+            f"samples narrower than the target by h" + (f"; retrained with other (K, h): {swept}" if swept else ""))
 
 
 def _plot_forecasts(extras, c: Config, workdir):
@@ -396,18 +443,18 @@ def _plot_forecasts(extras, c: Config, workdir):
     for row, (noise, ex) in enumerate(extras.items()):
         ax = axes[row, 0]
         ax.plot(ex["series"][:: max(1, ex["series"].shape[0] // 2000), :3], lw=0.4)
-        ax.set(title=f"{noise}: raw series (<= 3 of {c.num_channels} channels)", xlabel="t (subsampled)")
+        ax.set(title=f"{noise}: raw series (<= 3 of {c.data.num_channels} channels)", xlabel="t (subsampled)")
         for col, m in enumerate(cols):
             ax = axes[row, col + 1]
             s = ex["samples"][m][0, :, :, 0]  # [K, H]
             x, y = ex["xte"][0, :, 0], ex["yte"][0, :, 0]
-            tx, ty = np.arange(-c.seq_len, 0), np.arange(c.pred_len)
+            tx, ty = np.arange(-c.data.seq_len, 0), np.arange(c.data.pred_len)
             ax.plot(tx, x, color="k", lw=1)
             ax.plot(ty, y, color="k", lw=1, ls="--", label="truth")
             lo, hi = np.quantile(s, [0.05, 0.95], axis=0)
             ax.fill_between(ty, lo, hi, alpha=0.3, label="90% band")
             ax.plot(ty, s[:5].T, lw=0.5, alpha=0.7)
-            ax.set(title=f"{noise}: {m}, test window 0, ch. 0", xlim=(-min(48, c.seq_len), c.pred_len))
+            ax.set(title=f"{noise}: {m}, test window 0, ch. 0", xlim=(-min(48, c.data.seq_len), c.data.pred_len))
             ax.legend(fontsize=7)
     return report.savefig(fig, workdir / "forecasts.png")
 
@@ -434,7 +481,7 @@ def _plot_calibration(extras, per, workdir):
 
 
 def _plot_cost(per, c: Config, workdir):
-    noise = c.noises[0]
+    noise = c.data.noises[0]
     fig, ax = plotting.subplots(figsize=(6, 3.8))
     for m in per[noise]:
         if m == KDE_ROW:
@@ -450,16 +497,23 @@ EXPERIMENT = registry.Experiment(
     slug="ppm",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(length=900, num_channels=2, seq_len=48, pred_len=12, d_model=16, d_ff=32,
-                                num_quantiles=9, train_samples=8, test_samples=32, epochs=2, max_steps_per_epoch=10,
-                                max_test_windows=64, noises=("bimodal",), progress=False,
-                                models=REQUIRED, diffusion_steps=4, ddpm_epochs=2, sweep=((4, 0.1),)),
-        "quick": lambda: Config(length=6000, d_model=32, d_ff=64, epochs=10,
-                                max_steps_per_epoch=80, max_test_windows=512, train_samples=32,
-                                sweep=((8, 0.3), (100, 0.3), (32, 0.1)), progress=False),
-        "paper": lambda: Config(length=20000, pred_len=192, d_model=256, d_ff=512, train_samples=100,
-                                learning_rate=1e-4, lr_decay=0.5, epochs=30, patience=5,
-                                sweep=((100, 0.1), (100, 0.5)), ddpm_learning_rate=1e-3, ddpm_epochs=90),
+        "smoke": lambda: Config(data=DataSection(length=900, num_channels=2, seq_len=48, pred_len=12,
+                                                 max_test_windows=64, noises=("bimodal",)),
+                                model=ModelSection(d_model=16, d_ff=32, num_quantiles=9),
+                                loss=LossSection(train_samples=8, test_samples=32),
+                                train=TrainSection(epochs=2, max_steps_per_epoch=10), progress=False,
+                                models=REQUIRED, ddpm=DDPMSection(diffusion_steps=4, epochs=2),
+                                sweep=SweepSection(pairs=((4, 0.1),))),
+        "quick": lambda: Config(data=DataSection(length=6000, max_test_windows=512),
+                                model=ModelSection(d_model=32, d_ff=64),
+                                train=TrainSection(epochs=10, max_steps_per_epoch=80),
+                                loss=LossSection(train_samples=32),
+                                sweep=SweepSection(pairs=((8, 0.3), (100, 0.3), (32, 0.1))), progress=False),
+        "paper": lambda: Config(data=DataSection(length=20000, pred_len=192), model=ModelSection(d_model=256, d_ff=512),
+                                loss=LossSection(train_samples=100),
+                                train=TrainSection(learning_rate=1e-4, lr_decay=0.5, epochs=30, patience=5),
+                                sweep=SweepSection(pairs=((100, 0.1), (100, 0.5))),
+                                ddpm=DDPMSection(learning_rate=1e-3, epochs=90)),
     },
     run=run,
 )

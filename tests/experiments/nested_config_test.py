@@ -29,6 +29,7 @@ OVERRIDES = {
     "nmars": ("--augment.kind", "inferred", "augment", "kind", "inferred", "--rl.max-undos"),
     "gaussian_sup": ("--ptas.eps", "0.9 0.5", "ptas", "eps", (0.9, 0.5), "--hypergraphs.probs"),
     "router_interp": ("--sae.steps", "120", "sae", "steps", 120, "--lm.model.moe.num-experts"),
+    "ppm": ("--loss.bandwidth", "0.1", "loss", "bandwidth", 0.1, "--ddpm.diffusion-steps"),
 }
 
 
@@ -86,6 +87,8 @@ def test_help_lists_the_nested_fields(slug, capsys):
     ("nmars", "--augment.kind", "random", "--augment.kind must be one of ('inferred', 'diff'); got 'random'"),
     ("gaussian_sup", "--greedy.set-prob", "0", "--greedy.set-prob must be in (0, 1]; got 0.0"),
     ("router_interp", "--interp.min-precision", "1.5", "--interp.min-precision must be in (0, 1], got 1.5"),
+    ("ppm", "--data.noises", "laplace", "--data.noises must be a non-empty subset of ('gaussian', 'bimodal'); got "
+     "('laplace',)"),
 ])
 def test_a_bad_nested_value_names_its_flag(slug, flag, value, message, tmp_path, capsys):
     assert cli.main(["run", slug, "--preset", "smoke", "--results-dir", str(tmp_path), flag, value]) == 2

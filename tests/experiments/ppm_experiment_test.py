@@ -1,6 +1,12 @@
-"""The ppm experiment's cause text (class "scale") carries the run's accuracy, calibration and cost numbers."""
+"""The ppm experiment's cause text (class "scale") carries the run's accuracy, calibration and cost numbers; config
+errors name the dotted field."""
+
+import dataclasses
+
+import pytest
 
 from experiments import ppm as E
+from experiments import registry
 
 
 def _row(cov, qice, crps, params=100):
@@ -18,3 +24,12 @@ def test_cause_reports_the_ddpm_comparison_calibration_and_sweep():
     assert "gaussian: CRPS PPM 0.2777 vs DDPM 0.2678, QICE 3.58% vs 0.96%" in text
     assert "gaussian 0.64 (with kernel noise 0.83)" in text and "K=32 training samples" in text
     assert "bimodal: K=8, h=0.3 -> 90% coverage 0.67, QICE 3.68%" in text
+
+
+def test_config_errors_name_the_dotted_field():
+    smoke = E.EXPERIMENT.config("smoke")
+    with pytest.raises(registry.ConfigError, match=r"data.noises must be a non-empty subset of \('gaussian', "
+                                                   r"'bimodal'\); got \('laplace',\)"):
+        dataclasses.replace(smoke, data=dataclasses.replace(smoke.data, noises=("laplace",)))
+    with pytest.raises(registry.ConfigError, match=r"models must be a subset of .* containing"):
+        dataclasses.replace(smoke, models=("PPM",))
