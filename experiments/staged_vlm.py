@@ -18,7 +18,7 @@ Every response is "<think> TRACE </think> \\boxed ANSWER": the supervised trace 
 
 Protocol: a short supervised warm-up on a mix of the three kinds plus caption-view perception
 questions (cached in the workdir; "so that GRPO has signal"), then from that same model GRPO (n = 5, KL 1e-2, lr 1e-4, AdamW wd 1e-2, grad
-clip 1, temperature 1) for `rl_iterations` iterations of `rl_prompts` prompts, split 10 : 40 : 50
+clip 1, temperature 1) for `rl.iterations` iterations of `rl.prompts` prompts, split 10 : 40 : 50
 % over perception / textual / visual reasoning (the recipe's 90 : 375 : 465 steps), in the stage
 orders P->T->V (released recipe) and P->V->T (the abstract's enumeration) (the paper preset adds
 the shipped order ablations T->P->V and V->T->P), against merged training on the union of exactly
@@ -27,7 +27,7 @@ the same prompts. The spec's plan adds:
     them wrong from the image and right from the caption (greedy; `sp.perception_filter`); every
     arm (staged and merged) trains on the filtered perception data, as in the paper;
   * difficulty curriculum (arm "PTV+difficulty"): the warm-start model's pass rate over
-    `curriculum_k` samples per candidate prompt; solved ones dropped, each stage visited easy ->
+    `plan.curriculum_k` samples per candidate prompt; solved ones dropped, each stage visited easy ->
     hard (`sp.difficulty_order`, ties shuffled with seed 42) — the paper's capability x difficulty;
   * SFT for perception (arm "PTV/sft-P"): the perception stage trained by SFT on the same filtered
     prompts' reference responses with the same optimizer, iterations and steps; then T and V by GRPO.
@@ -42,7 +42,7 @@ Checks (fixed before the run from the claim; SE = paired standard error over eva
 
 INFERRED: the task, trace format, model sizes, SFT mix and the iteration split at this scale are
 this library's choices (spec 10 (d) sketches them); one filter model (the warm start) instead of the
-paper's two filter VLMs, the caption view as the scene's text list, k = `curriculum_k` samples for
+paper's two filter VLMs, the caption view as the scene's text list, k = `plan.curriculum_k` samples for
 the pass rate (spec default 8; the quick preset uses 4 for time), and SFT on the reference
 responses (the paper's ablation SFTs on captions) are this library's analogues.
 
@@ -50,6 +50,9 @@ Recipe:
     python -m experiments run staged_vlm --preset quick    # ~3 min on 2 CPU cores
     python -m experiments run staged_vlm --preset smoke    # seconds, used by the tests
     python -m experiments run staged_vlm --preset paper    # accelerator scale
+    python -m experiments run staged_vlm --preset smoke --plan.curriculum-k 3   # one field of a config section
+
+Config sections (`run staged_vlm --help` lists every field): data, model, sft, decode, rl, plan, eval.
 """
 
 from __future__ import annotations
@@ -92,37 +95,63 @@ SFT_ARM = "PTV+sft_perception"  # the recipe's order, the perception stage train
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """staged_vlm settings (every field can be overridden on the command line)."""
+class DataSection:
+    """The scenes: boards of shapes rendered to RGB images (``--data.max-objects 4``)."""
 
     grid: int = 3
     image_size: int = 24
     patch_size: int = 8
     max_objects: int = 5
-    # model
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    """The VLM: LM and ViT sizes (``--model.d-model 128``)."""
+
     d_model: int = 64
     num_layers: int = 2
     num_heads: int = 4
     d_ff: int = 128
     vit_d_model: int = 32
     vit_layers: int = 1
-    # supervised warm-up (cached)
-    sft_steps: int = 300
-    sft_batch: int = 32
-    sft_lr: float = 3e-3
-    # GRPO
-    rl_iterations: int = 100
-    split: tuple[float, float, float] = (0.1, 0.4, 0.5)  # perception, text reasoning, visual reasoning
-    rl_prompts: int = 16
-    group_size: int = 5
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTSection:
+    """The supervised warm-up, cached in the workdir (``--sft.steps 600``)."""
+
+    steps: int = 300
+    batch: int = 32
+    lr: float = 3e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecodeSection:
+    """Response length (SFT, rollouts, filter, evaluation) and sampling temperature (``--decode.max-new-tokens 24``)."""
+
     max_new_tokens: int = 16
     temperature: float = 1.0
-    rl_lr: float = 1e-4
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RLSection:
+    """GRPO: iterations, the stage split, optimizer and the stage orders compared (``--rl.iterations 200``)."""
+
+    iterations: int = 100
+    split: tuple[float, float, float] = (0.1, 0.4, 0.5)  # perception, text reasoning, visual reasoning
+    prompts: int = 16
+    group_size: int = 5
+    lr: float = 1e-4
     weight_decay: float = 1e-2
     kl_coef: float = 1e-2
     clip_eps: float = 0.2
     orders: tuple[tuple[str, ...], ...] = (sp.PAPER_ORDER, sp.ABSTRACT_ORDER)
-    # the spec's plan: perception filter, difficulty curriculum arm, SFT-for-perception arm
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlanSection:
+    """The spec's plan: perception filter, curriculum arm, SFT-for-perception arm (``--plan.curriculum-k 8``)."""
+
     perception_filter: bool = True
     filter_chunk: int = 512  # perception candidates judged per filter pass
     curriculum: bool = True
@@ -131,37 +160,89 @@ class Config:
     candidate_chunk: int = 256  # curriculum candidates scored per pass
     sft_perception: bool = True
     max_candidates: int = 20_000  # per stage and seed: error if the filter / curriculum keeps too few
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """Held-out greedy evaluation (``--eval.examples 1000``)."""
+
+    examples: int = 384  # per kind
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """staged_vlm settings, in sections overridden on the command line as ``--rl.iterations 200``."""
+
+    data: DataSection = DataSection()
+    model: ModelSection = ModelSection()
+    sft: SFTSection = SFTSection()
+    decode: DecodeSection = DecodeSection()
+    rl: RLSection = RLSection()
+    plan: PlanSection = PlanSection()
+    eval: EvalSection = EvalSection()
     seeds: int = 2
-    eval_examples: int = 384  # per kind
     checkpoint_every: int = 10
     seed: int = 0
     progress: bool = True
 
     def __post_init__(self):
-        if len(self.split) != 3 or any(x <= 0 for x in self.split):
-            raise ValueError(f"split: expected 3 positive fractions, got {self.split!r}")
-        for o in self.orders:
+        err, rl, plan = registry.ConfigError, self.rl, self.plan
+        if len(rl.split) != 3 or any(x <= 0 for x in rl.split):
+            raise err("rl.split", f"must be 3 positive fractions; got {rl.split!r}")
+        for o in rl.orders:
             if sorted(o) != sorted(sp.STAGES):
-                raise ValueError(f"orders: expected permutations of {sp.STAGES}, got {o!r}")
-        if sp.PAPER_ORDER not in self.orders:
-            raise ValueError(f"orders: must include the recipe's order {sp.PAPER_ORDER} (the required check)")
-        if self.curriculum_k < 1 or self.filter_chunk < 1 or self.candidate_chunk < 1:
-            raise ValueError(f"curriculum_k, filter_chunk, candidate_chunk: expected >= 1, got "
-                             f"{self.curriculum_k}, {self.filter_chunk}, {self.candidate_chunk}")
-        if self.rl_iterations < 3 or self.seeds < 1 or self.eval_examples < 1:
-            raise ValueError(f"rl_iterations >= 3, seeds >= 1, eval_examples >= 1 expected; got "
-                             f"{self.rl_iterations}, {self.seeds}, {self.eval_examples}")
+                raise err("rl.orders", f"must be permutations of {sp.STAGES}; got {o!r}")
+        if sp.PAPER_ORDER not in rl.orders:
+            raise err("rl.orders", f"must include the recipe's order {sp.PAPER_ORDER} (the required check)")
+        for name in ("curriculum_k", "filter_chunk", "candidate_chunk"):
+            if getattr(plan, name) < 1:
+                raise err(f"plan.{name}", f"must be >= 1; got {getattr(plan, name)}")
+        if rl.iterations < 3:
+            raise err("rl.iterations", f"must be >= 3 (one per stage); got {rl.iterations}")
+        if self.seeds < 1:
+            raise err("seeds", f"must be >= 1; got {self.seeds}")
+        if self.eval.examples < 1:
+            raise err("eval.examples", f"must be >= 1; got {self.eval.examples}")
 
     @property
     def stage_iterations(self) -> dict[str, int]:
-        """Iterations per stage: the split of rl_iterations (largest remainders), each >= 1."""
-        raw = np.asarray(self.split) / sum(self.split) * self.rl_iterations
+        """Iterations per stage: the split of rl.iterations (largest remainders), each >= 1."""
+        raw = np.asarray(self.rl.split) / sum(self.rl.split) * self.rl.iterations
         n = np.maximum(np.floor(raw).astype(int), 1)
         for i in np.argsort(-(raw - np.floor(raw))):
-            if n.sum() >= self.rl_iterations:
+            if n.sum() >= self.rl.iterations:
                 break
             n[i] += 1
         return dict(zip(sp.PAPER_ORDER, (int(x) for x in n)))
+
+
+_FLAT = {  # the pre-sections flat field name -> its path now (the cache keys keep the flat names)
+    "grid": "data.grid", "image_size": "data.image_size", "patch_size": "data.patch_size",
+    "max_objects": "data.max_objects", "d_model": "model.d_model", "num_layers": "model.num_layers",
+    "num_heads": "model.num_heads", "d_ff": "model.d_ff", "vit_d_model": "model.vit_d_model",
+    "vit_layers": "model.vit_layers", "sft_steps": "sft.steps", "sft_batch": "sft.batch", "sft_lr": "sft.lr",
+    "rl_iterations": "rl.iterations", "split": "rl.split", "rl_prompts": "rl.prompts", "group_size": "rl.group_size",
+    "max_new_tokens": "decode.max_new_tokens", "temperature": "decode.temperature", "rl_lr": "rl.lr",
+    "weight_decay": "rl.weight_decay", "kl_coef": "rl.kl_coef", "clip_eps": "rl.clip_eps", "orders": "rl.orders",
+    "perception_filter": "plan.perception_filter", "filter_chunk": "plan.filter_chunk",
+    "curriculum": "plan.curriculum", "curriculum_k": "plan.curriculum_k", "curriculum_seed": "plan.curriculum_seed",
+    "candidate_chunk": "plan.candidate_chunk", "sft_perception": "plan.sft_perception",
+    "max_candidates": "plan.max_candidates", "seeds": "seeds", "eval_examples": "eval.examples",
+    "checkpoint_every": "checkpoint_every", "seed": "seed", "progress": "progress",
+}
+
+
+def flat_fields(c: Config) -> dict[str, Any]:
+    """Every setting under its pre-sections flat name (``sft_steps``, ``rl_lr``, ...), as
+    ``dataclasses.asdict`` of the old flat config gave it, so that cached warm starts and arm runs (keyed by
+    these names) stay valid."""
+    out = {}
+    for name, path in _FLAT.items():
+        value = c
+        for part in path.split("."):
+            value = getattr(value, part)
+        out[name] = value
+    return out
 
 
 # --- task encoding -----------------------------------------------------------------------------------
@@ -197,7 +278,7 @@ def response(scene, q) -> str:
 
 def prompt_len(c: Config) -> int:
     """P: BOS + the longest prompt (a full caption + the longest question)."""
-    return 1 + c.max_objects * 6 + 7
+    return 1 + c.data.max_objects * 6 + 7
 
 
 def examples(c: Config, kind: str, n: int, seed: int, tok: WordTokenizer, view: str | None = None) -> dict:
@@ -212,9 +293,9 @@ def examples(c: Config, kind: str, n: int, seed: int, tok: WordTokenizer, view: 
     view = view or ("caption" if kind == "text_reasoning" else "image")
     if view not in ("image", "caption"):
         raise ValueError(f"view: expected 'image' or 'caption', got {view!r}")
-    P = (c.image_size // c.patch_size) ** 2
-    raw = scenes.make_batch(n, seed=seed, image_tokens=P, kinds=KINDS[kind], grid=c.grid, image_size=c.image_size,
-                            max_objects=c.max_objects)
+    P = (c.data.image_size // c.data.patch_size) ** 2
+    raw = scenes.make_batch(n, seed=seed, image_tokens=P, kinds=KINDS[kind], grid=c.data.grid,
+                            image_size=c.data.image_size, max_objects=c.data.max_objects)
     prompts, answers, responses = [], [], []
     for s, q in zip(raw["scenes"], raw["questions"]):
         shown = scenes.caption(s).replace(" sounds", "") if view == "caption" else " ".join([scenes.IMAGE_TOKEN] * P)
@@ -228,7 +309,7 @@ def examples(c: Config, kind: str, n: int, seed: int, tok: WordTokenizer, view: 
         ids = [tok.bos_id] + tok.encode(p)
         tokens[i, :len(ids)] = ids
         lengths[i] = len(ids)
-    sft = lm_batch(tok, prompts, responses, seq_len=plen + c.max_new_tokens)
+    sft = lm_batch(tok, prompts, responses, seq_len=plen + c.decode.max_new_tokens)
     images = raw["images"][:, None].astype(np.float32)
     if view == "caption":
         images = np.zeros_like(images)  # no placeholders: the image is ignored
@@ -257,7 +338,7 @@ def _take(ex: dict, rows) -> dict:
 
 
 def _greedy_correct(c: Config, graphdef, params, ex: dict, tok) -> np.ndarray:
-    comps, lens = sp.greedy_completions(graphdef, params, prompt_batch(ex), max_new_tokens=c.max_new_tokens,
+    comps, lens = sp.greedy_completions(graphdef, params, prompt_batch(ex), max_new_tokens=c.decode.max_new_tokens,
                                         stop_tokens=(tok.eos_id,), pad_id=tok.pad_id, chunk=256)
     return np.array([sp.accuracy_reward(tok.decode(r[:n]), a) for r, n, a in zip(comps, lens, ex["problems"])])
 
@@ -266,12 +347,12 @@ class StageData:
     """The RL prompts of one seed: per stage, the pool (an `examples` dict) and the rows each arm reads.
 
     Candidates are drawn in chunks (deterministic seeds, disjoint per stage and seed) until the
-    stage has `iterations * rl_prompts` usable rows:
-      * perception with `perception_filter`: usable = kept by `sp.perception_filter` (the warm start
+    stage has `iterations * rl.prompts` usable rows:
+      * perception with `plan.perception_filter`: usable = kept by `sp.perception_filter` (the warm start
         wrong from the image, right from the caption); otherwise every candidate;
       * curriculum (`rows(name, curriculum=True)`): of the usable rows in drawing order, those the
-        warm start does not always solve (pass rate < 1 over `curriculum_k` samples), the first
-        `iterations * rl_prompts` of them ordered easy -> hard by `sp.difficulty_order`.
+        warm start does not always solve (pass rate < 1 over `plan.curriculum_k` samples), the first
+        `iterations * rl.prompts` of them ordered easy -> hard by `sp.difficulty_order`.
     """
 
     def __init__(self, c: Config, tok, graphdef, params, seed: int):
@@ -288,22 +369,22 @@ class StageData:
                         view=view)
 
     def _grow(self, name: str) -> bool:
-        """Draw one more chunk of candidates for `name`; False when max_candidates is reached."""
+        """Draw one more chunk of candidates for `name`; False when plan.max_candidates is reached."""
         c = self.c
         pool = self.pools.get(name)
         have = 0 if pool is None else len(pool["problems"])
-        if have >= c.max_candidates:
+        if have >= c.plan.max_candidates:
             return False
-        j = have // c.filter_chunk
-        ex = self._candidates(name, j, c.filter_chunk)
-        keep = np.ones(c.filter_chunk, bool)
-        if name == "perception" and c.perception_filter:
-            cap = self._candidates(name, j, c.filter_chunk, view="caption")  # the same scenes and questions
+        j = have // c.plan.filter_chunk
+        ex = self._candidates(name, j, c.plan.filter_chunk)
+        keep = np.ones(c.plan.filter_chunk, bool)
+        if name == "perception" and c.plan.perception_filter:
+            cap = self._candidates(name, j, c.plan.filter_chunk, view="caption")  # the same scenes and questions
             img_ok = _greedy_correct(c, self.graphdef, self.params, ex, self.tok)
             cap_ok = _greedy_correct(c, self.graphdef, self.params, cap, self.tok)
             keep = sp.perception_filter(img_ok, cap_ok)
             st = self.stats.setdefault(name, {"candidates": 0, "kept": 0, "img_correct": 0.0, "caption_correct": 0.0})
-            st["candidates"] += c.filter_chunk
+            st["candidates"] += c.plan.filter_chunk
             st["kept"] += int(keep.sum())
             st["img_correct"] += float(img_ok.sum())
             st["caption_correct"] += float(cap_ok.sum())
@@ -313,11 +394,12 @@ class StageData:
         return True
 
     def rows(self, name: str, curriculum: bool = False) -> np.ndarray:
-        need = self.iters[name] * self.c.rl_prompts
+        need = self.iters[name] * self.c.rl.prompts
         while len(self.usable.get(name, ())) < need:
             if not self._grow(name):
                 raise RuntimeError(f"perception filter: only {len(self.usable[name])} of {need} needed {name} "
-                                   f"prompts kept in {self.c.max_candidates} candidates (raise max_candidates)")
+                                   f"prompts kept in {self.c.plan.max_candidates} candidates "
+                                   f"(raise plan.max_candidates)")
         if not curriculum:
             return self.usable[name][:need]
         while True:
@@ -327,31 +409,31 @@ class StageData:
                 break
             if len(rates) == len(self.usable[name]) and not self._grow(name):
                 raise RuntimeError(f"curriculum: only {len(unsolved)} of {need} {name} prompts unsolved in "
-                                   f"{self.c.max_candidates} candidates (raise max_candidates)")
-            new = self.usable[name][len(rates):len(rates) + self.c.candidate_chunk]
+                                   f"{self.c.plan.max_candidates} candidates (raise plan.max_candidates)")
+            new = self.usable[name][len(rates):len(rates) + self.c.plan.candidate_chunk]
             if len(new):
                 batch = prompt_batch(_take(self.pools[name], new))
                 r = sp.estimate_pass_rates(self.graphdef, self.params, batch,
                                            jax.random.key(1_000 * self.seed + sp.STAGES.index(name)),
-                                           k=self.c.curriculum_k, tokenizer=self.tok,
-                                           max_new_tokens=self.c.max_new_tokens, stop_tokens=(self.tok.eos_id,),
-                                           pad_id=self.tok.pad_id, temperature=self.c.temperature,
-                                           chunk=self.c.candidate_chunk)
+                                           k=self.c.plan.curriculum_k, tokenizer=self.tok,
+                                           max_new_tokens=self.c.decode.max_new_tokens, stop_tokens=(self.tok.eos_id,),
+                                           pad_id=self.tok.pad_id, temperature=self.c.decode.temperature,
+                                           chunk=self.c.plan.candidate_chunk)
                 self.pass_rates[name] = np.concatenate([rates, r])
         rates = self.pass_rates[name]
         first = unsolved[:need]  # the first `need` unsolved usable rows, in drawing order
-        order = first[sp.difficulty_order(rates[first], seed=self.c.curriculum_seed)]
+        order = first[sp.difficulty_order(rates[first], seed=self.c.plan.curriculum_seed)]
         return self.usable[name][order]
 
     def sources(self, curriculum: bool = False) -> dict:
         """stage name -> `stage_iteration -> VLMPromptBatch` (`sp.pool_source` over the pool rows)."""
         rows = {n: self.rows(n, curriculum) for n in sp.STAGES}  # grows the pools first
-        return {n: sp.pool_source(prompt_batch(self.pools[n]), rows[n], self.c.rl_prompts) for n in sp.STAGES}
+        return {n: sp.pool_source(prompt_batch(self.pools[n]), rows[n], self.c.rl.prompts) for n in sp.STAGES}
 
     def sft_fn(self, schedule: sp.Schedule, curriculum: bool = False):
         """`iteration -> SFT batch` of the rows the staged `schedule` reads at that iteration."""
         rows = {n: self.rows(n, curriculum) for n in sp.STAGES}
-        B = self.c.rl_prompts
+        B = self.c.rl.prompts
 
         def fn(i: int) -> dict:
             s, k = schedule.locate(i)
@@ -376,11 +458,11 @@ class StageData:
 
 
 def make_model(c: Config, tok: WordTokenizer, seed: int) -> VLM:
-    lm = TransformerConfig(vocab_size=tok.vocab_size, d_model=c.d_model, num_layers=c.num_layers,
-                           num_heads=c.num_heads, num_kv_heads=max(1, c.num_heads // 2), d_ff=c.d_ff)
-    vit = ViTConfig(image_size=c.image_size, patch_size=c.patch_size, channels=3, num_classes=1,
-                    d_model=c.vit_d_model, num_heads=2, d_ff=2 * c.vit_d_model, num_layers=c.vit_layers,
-                    pooling="mean")
+    lm = TransformerConfig(vocab_size=tok.vocab_size, d_model=c.model.d_model, num_layers=c.model.num_layers,
+                           num_heads=c.model.num_heads, num_kv_heads=max(1, c.model.num_heads // 2), d_ff=c.model.d_ff)
+    vit = ViTConfig(image_size=c.data.image_size, patch_size=c.data.patch_size, channels=3, num_classes=1,
+                    d_model=c.model.vit_d_model, num_heads=2, d_ff=2 * c.model.vit_d_model,
+                    num_layers=c.model.vit_layers, pooling="mean")
     return VLM(VLMConfig(lm=lm, vit=vit, image_token_id=tok.encode(scenes.IMAGE_TOKEN)[0]), rngs=nnx.Rngs(seed))
 
 
@@ -393,7 +475,8 @@ def warm_start(c: Config, tok, workdir: epath.Path):
     params = nnx.to_pure_dict(params)
     fields = ("grid", "image_size", "patch_size", "max_objects", "d_model", "num_layers", "num_heads", "d_ff",
               "vit_d_model", "vit_layers", "sft_steps", "sft_batch", "sft_lr", "max_new_tokens", "seed")
-    key = {f: getattr(c, f) for f in fields} | {"version": VERSION}
+    flat = flat_fields(c)
+    key = {f: flat[f] for f in fields} | {"version": VERSION}
     directory = epath.Path(workdir) / "ckpt" / f"sft_{key_hash(key)}"  # ckpt/: not tracked in results/
     like = TrainState(jnp.zeros((), jnp.int32), params, jnp.zeros(()))
     with Checkpointer(directory) as ck:
@@ -401,7 +484,7 @@ def warm_start(c: Config, tok, workdir: epath.Path):
             state, meta = ck.restore(like)
             return graphdef, state.params, meta["losses"]
     mix = [(kind, None) for kind in EVAL_KINDS] + [("perception", "caption")]
-    each = max(1, c.sft_batch // len(mix))
+    each = max(1, c.sft.batch // len(mix))
 
     def batch_fn(i):
         parts = [examples(c, kind, each, seed=5_000_000 + len(mix) * i + j, tok=tok, view=view)
@@ -410,14 +493,14 @@ def warm_start(c: Config, tok, workdir: epath.Path):
         return {"inputs": cat("inputs"), "targets": cat("targets"), "loss_mask": cat("loss_mask"),
                 "images": np.concatenate([p["images"] for p in parts])}
 
-    if c.sft_steps:
-        opt = optax.adamw(c.sft_lr, weight_decay=0.0)
-        params, losses = sp.vlm_sft(graphdef, params, batch_fn, steps=c.sft_steps, optimizer=opt,
+    if c.sft.steps:
+        opt = optax.adamw(c.sft.lr, weight_decay=0.0)
+        params, losses = sp.vlm_sft(graphdef, params, batch_fn, steps=c.sft.steps, optimizer=opt,
                                     progress=c.progress)
     else:
         losses = []
     with Checkpointer(directory) as ck:
-        ck.save(c.sft_steps, TrainState(jnp.asarray(c.sft_steps, jnp.int32), params, jnp.zeros(())),
+        ck.save(c.sft.steps, TrainState(jnp.asarray(c.sft.steps, jnp.int32), params, jnp.zeros(())),
                 {"losses": losses})
     return graphdef, params, losses
 
@@ -426,7 +509,7 @@ def evaluate(c: Config, graphdef, params, evalsets: dict, tok) -> dict:
     """Greedy accuracy, format rate, trace and response lengths per kind, and per-item correctness."""
     out = {}
     for kind, ex in evalsets.items():
-        comps, lens = sp.greedy_completions(graphdef, params, prompt_batch(ex), max_new_tokens=c.max_new_tokens,
+        comps, lens = sp.greedy_completions(graphdef, params, prompt_batch(ex), max_new_tokens=c.decode.max_new_tokens,
                                             stop_tokens=(tok.eos_id,), pad_id=tok.pad_id, chunk=256)
         acc, fmt, think = [], [], []
         for row, n, ans in zip(comps, lens, ex["problems"]):
@@ -468,7 +551,7 @@ def run_arm(c: Config, name: str, schedule: sp.Schedule, seed: int, graphdef, pa
                              "length": _finite(h["completion_length"]), "sft_loss": _finite(h.get("sft_loss", "nan"))}
                             for h in res.history]}
     key = {"arm": name, "seed": seed, "schedule": schedule.as_dict(), "curriculum": curriculum,
-           "cfg": dataclasses.asdict(c) | {"progress": 0, "orders": 0, "seeds": 0, "checkpoint_every": 0,
+           "cfg": flat_fields(c) | {"progress": 0, "orders": 0, "seeds": 0, "checkpoint_every": 0,
                                            "curriculum": 0, "sft_perception": 0},
            "version": VERSION}
     return cached(workdir, key, fn)
@@ -490,19 +573,19 @@ def _paired(a: list[int], b: list[int]) -> tuple[float, float]:
 def run(c: Config, workdir: pathlib.Path) -> dict:
     workdir = epath.Path(workdir)
     t_start = time.perf_counter()
-    tok = make_tokenizer(c.grid)
+    tok = make_tokenizer(c.data.grid)
     graphdef, params, sft_losses = warm_start(c, tok, workdir)
-    evalsets = {k: examples(c, k, c.eval_examples, seed=900_000 + i, tok=tok) for i, k in enumerate(EVAL_KINDS)}
+    evalsets = {k: examples(c, k, c.eval.examples, seed=900_000 + i, tok=tok) for i, k in enumerate(EVAL_KINDS)}
     base = evaluate(c, graphdef, params, evalsets, tok)
     iters = c.stage_iterations
-    arms = {order_name(o): sp.staged_schedule(o, iters) for o in c.orders}
+    arms = {order_name(o): sp.staged_schedule(o, iters) for o in c.rl.orders}
     paper = order_name(sp.PAPER_ORDER)
     arms["merged"] = sp.merged_schedule(arms[paper])
     curriculum_arms = set()
-    if c.curriculum:
+    if c.plan.curriculum:
         arms[CURRICULUM_ARM] = arms[paper]
         curriculum_arms.add(CURRICULUM_ARM)
-    if c.sft_perception:
+    if c.plan.sft_perception:
         arms[SFT_ARM] = sp.staged_schedule(sp.PAPER_ORDER, iters, sft_stages=("perception",))
     data: dict[int, StageData] = {}
 
@@ -511,9 +594,10 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
             data[seed] = StageData(c, tok, graphdef, params, seed)
         return data[seed]
 
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(c.rl_lr, weight_decay=c.weight_decay))
-    rl_config = grpo.GRPOConfig(group_size=c.group_size, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-                                stop_tokens=(tok.eos_id,), pad_id=tok.pad_id, clip_eps=c.clip_eps, kl_coef=c.kl_coef)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(c.rl.lr, weight_decay=c.rl.weight_decay))
+    rl_config = grpo.GRPOConfig(group_size=c.rl.group_size, max_new_tokens=c.decode.max_new_tokens,
+                                temperature=c.decode.temperature, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id,
+                                clip_eps=c.rl.clip_eps, kl_coef=c.rl.kl_coef)
     results = {name: [run_arm(c, name, sch, c.seed + s, graphdef, params, tok, evalsets, workdir, optimizer,
                               rl_config, data_fn, curriculum=name in curriculum_arms)
                       for s in range(c.seeds)] for name, sch in arms.items()}
@@ -534,7 +618,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     summary["sft"] = {kind: {f: base[kind][f] for f in ("accuracy", "format", "trace_length", "response_length")}
                       for kind in EVAL_KINDS}
     rollouts = {name: sum(st.iterations for st in (sch.pooled or sch.stages) if st.trainer == "grpo")
-                * c.rl_prompts * c.group_size for name, sch in arms.items()}
+                * c.rl.prompts * c.rl.group_size for name, sch in arms.items()}
     diffs = {name: dict(zip(("diff", "se"), _paired(pooled(name, "visual_reasoning"),
                                                      pooled("merged", "visual_reasoning"))))
              for name in arms if name != "merged"}
@@ -549,7 +633,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         Check(f"visual-reasoning accuracy, staged {paper} - merged (equal rollouts)", measured=round(d["diff"], 4),
               paper="+1.5% reasoning accuracy (51.10 vs 49.64 visual math, Qwen3-VL-8B)",
               threshold=f"> 2 SE = {2 * d['se']:.4f}", passed=bool(d["diff"] > 2 * d["se"]),
-              note=f"{c.eval_examples} held-out questions x {c.seeds} seed(s), paired SE"),
+              note=f"{c.eval.examples} held-out questions x {c.seeds} seed(s), paired SE"),
     ]
     abstract = order_name(sp.ABSTRACT_ORDER)
     if abstract in diffs:
@@ -583,21 +667,22 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         checks.append(Check(f"visual-reasoning accuracy, {CURRICULUM_ARM} (capability + difficulty) - {paper}",
                             measured=round(a["diff"], 4), paper="62.99 vs 60.53 (+2.46, avg of 7 benchmarks)",
                             threshold=f"> 2 SE = {2 * a['se']:.4f}", passed=bool(a["diff"] > 2 * a["se"]),
-                            required=False, note=f"pass rate over k={c.curriculum_k} warm-start samples"))
-    context = (f"tiny VLM (ViT {c.vit_layers}x{c.vit_d_model} + LM {c.num_layers}x{c.d_model}), SFT warm start "
-               f"{c.sft_steps} steps (visual-reasoning acc {base['visual_reasoning']['accuracy']:.3f}), "
-               f"{c.rl_iterations} GRPO iterations x {c.rl_prompts} prompts x {c.group_size} samples per arm "
+                            required=False, note=f"pass rate over k={c.plan.curriculum_k} warm-start samples"))
+    context = (f"tiny VLM (ViT {c.model.vit_layers}x{c.model.vit_d_model} + LM {c.model.num_layers}x"
+               f"{c.model.d_model}), SFT warm start {c.sft.steps} steps (visual-reasoning acc "
+               f"{base['visual_reasoning']['accuracy']:.3f}), "
+               f"{c.rl.iterations} GRPO iterations x {c.rl.prompts} prompts x {c.rl.group_size} samples per arm "
                f"(stages P/T/V {iters['perception']}/{iters['text_reasoning']}/{iters['visual_reasoning']}), "
                f"{c.seeds} seed(s); paper: 8B VLMs, 930 steps x 512 prompts")
     if d["diff"] < -2 * d["se"]:
         cause = (f"merged training beat the {paper} order by {-d['diff']:.3f} (> 2 SE) at this scale: with "
-                 f"{c.rl_iterations} GRPO iterations on a {c.num_layers}-layer LM the visual stage of the staged "
+                 f"{c.rl.iterations} GRPO iterations on a {c.model.num_layers}-layer LM the visual stage of the staged "
                  f"run gets {iters['visual_reasoning']} iterations, and the perception stage ({iters['perception']} "
                  f"iterations) barely moves the warm start's perception (acc {base['perception']['accuracy']:.3f})")
     else:
-        cause = (f"at this scale ({c.rl_iterations} GRPO iterations on a {c.num_layers}-layer LM) the stage order "
-                 f"moved held-out visual-reasoning accuracy by {d['diff']:+.3f}, within 2 SE ({2 * d['se']:.3f}) of "
-                 f"{c.eval_examples} x {c.seeds} paired eval answers")
+        cause = (f"at this scale ({c.rl.iterations} GRPO iterations on a {c.model.num_layers}-layer LM) the stage "
+                 f"order moved held-out visual-reasoning accuracy by {d['diff']:+.3f}, within 2 SE "
+                 f"({2 * d['se']:.3f}) of {c.eval.examples} x {c.seeds} paired eval answers")
     text, reproduced = verdict_from_checks(checks, claim="perception-first staged RL beats merged training on "
                                            "visual reasoning at equal rollouts", context=context,
                                            cause=cause, cause_class="scale")
@@ -663,18 +748,23 @@ EXPERIMENT = registry.Experiment(
     slug="staged_vlm",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(d_model=16, num_layers=1, num_heads=2, d_ff=32, vit_d_model=8, sft_steps=2,
-                                sft_batch=8, rl_iterations=3, rl_prompts=2, group_size=2,
-                                orders=(sp.PAPER_ORDER,), eval_examples=4, checkpoint_every=3, filter_chunk=4,
-                                candidate_chunk=2, curriculum_k=2, seeds=1, progress=False),
+        "smoke": lambda: Config(model=ModelSection(d_model=16, num_layers=1, num_heads=2, d_ff=32, vit_d_model=8),
+                                sft=SFTSection(steps=2, batch=8),
+                                rl=RLSection(iterations=3, prompts=2, group_size=2, orders=(sp.PAPER_ORDER,)),
+                                eval=EvalSection(examples=4), checkpoint_every=3,
+                                plan=PlanSection(filter_chunk=4, candidate_chunk=2, curriculum_k=2), seeds=1,
+                                progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(d_model=256, num_layers=4, num_heads=8, d_ff=768, vit_d_model=128, vit_layers=4,
-                                sft_steps=3000, sft_batch=128, rl_iterations=930, rl_prompts=64, seeds=3,
-                                eval_examples=2000, checkpoint_every=50, curriculum_k=8, filter_chunk=2048,
-                                candidate_chunk=1024, max_candidates=500_000,
-                                orders=(sp.PAPER_ORDER, sp.ABSTRACT_ORDER,
-                                        ("text_reasoning", "perception", "visual_reasoning"),
-                                        ("visual_reasoning", "text_reasoning", "perception"))),
+        "paper": lambda: Config(model=ModelSection(d_model=256, num_layers=4, num_heads=8, d_ff=768, vit_d_model=128,
+                                                   vit_layers=4),
+                                sft=SFTSection(steps=3000, batch=128),
+                                rl=RLSection(iterations=930, prompts=64,
+                                             orders=(sp.PAPER_ORDER, sp.ABSTRACT_ORDER,
+                                                     ("text_reasoning", "perception", "visual_reasoning"),
+                                                     ("visual_reasoning", "text_reasoning", "perception"))),
+                                seeds=3, eval=EvalSection(examples=2000), checkpoint_every=50,
+                                plan=PlanSection(curriculum_k=8, filter_chunk=2048, candidate_chunk=1024,
+                                                 max_candidates=500_000)),
     },
     run=run,
 )

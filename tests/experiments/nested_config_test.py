@@ -30,6 +30,7 @@ OVERRIDES = {
     "gaussian_sup": ("--ptas.eps", "0.9 0.5", "ptas", "eps", (0.9, 0.5), "--hypergraphs.probs"),
     "router_interp": ("--sae.steps", "120", "sae", "steps", 120, "--lm.model.moe.num-experts"),
     "ppm": ("--loss.bandwidth", "0.1", "loss", "bandwidth", 0.1, "--ddpm.diffusion-steps"),
+    "staged_vlm": ("--plan.curriculum-k", "3", "plan", "curriculum_k", 3, "--rl.kl-coef"),
 }
 
 
@@ -89,6 +90,7 @@ def test_help_lists_the_nested_fields(slug, capsys):
     ("router_interp", "--interp.min-precision", "1.5", "--interp.min-precision must be in (0, 1], got 1.5"),
     ("ppm", "--data.noises", "laplace", "--data.noises must be a non-empty subset of ('gaussian', 'bimodal'); got "
      "('laplace',)"),
+    ("staged_vlm", "--rl.iterations", "2", "--rl.iterations must be >= 3 (one per stage); got 2"),
 ])
 def test_a_bad_nested_value_names_its_flag(slug, flag, value, message, tmp_path, capsys):
     assert cli.main(["run", slug, "--preset", "smoke", "--results-dir", str(tmp_path), flag, value]) == 2

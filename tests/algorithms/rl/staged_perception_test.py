@@ -15,8 +15,8 @@ from algorithms.training import Checkpointer
 from experiments import staged_vlm as task
 
 TOK = task.make_tokenizer()
-C = task.Config(d_model=16, num_layers=1, num_heads=2, d_ff=32, vit_d_model=8, rl_prompts=2, group_size=2,
-                orders=(sp.PAPER_ORDER,), progress=False)
+C = task.Config(model=task.ModelSection(d_model=16, num_layers=1, num_heads=2, d_ff=32, vit_d_model=8),
+                rl=task.RLSection(prompts=2, group_size=2, orders=(sp.PAPER_ORDER,)), progress=False)
 RL = grpo.GRPOConfig(group_size=2, max_new_tokens=4, stop_tokens=(TOK.eos_id,), pad_id=TOK.pad_id, kl_coef=0.01)
 B = "\\boxed"
 SGD = optax.sgd(1e-1)  # one optimizer object for the update tests: one compilation
@@ -308,7 +308,7 @@ def test_curriculum_sources_visit_stages_in_order_easy_to_hard():
 
 def test_sft_stage_equals_vlm_sft_and_curriculum_run_resumes_mid_stage_bit_identically(vlm, tmp_path):
     graphdef, params = vlm
-    c2 = dataclasses.replace(C, rl_prompts=2)
+    c2 = dataclasses.replace(C, rl=dataclasses.replace(C.rl, prompts=2))
     pools = {n: task.examples(c2, n, 6, seed=300 + i, tok=TOK) for i, n in enumerate(("perception", "visual_reasoning"))}
     rates = {"perception": [0.5, 0.0, 0.25, 1.0, 0.75, 0.5], "visual_reasoning": [0.1, 0.6, 1.0, 0.8, 0.3, 0.0]}
     rows = {n: sp.difficulty_order(r)[:4] for n, r in rates.items()}
