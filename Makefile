@@ -24,7 +24,13 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-test: $(VENV)/.installed
+# libtpu for the TPU ahead-of-time compile tests (tests/pallas_kernels/aot_compile_test.py); without it
+# (no network, another platform) those tests skip and say why.
+$(VENV)/.installed-tpu: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[tpu]" || echo "libtpu not installed: the TPU compile tests will skip"
+	touch $@
+
+test: $(VENV)/.installed-tpu
 	$(PY) -m pytest -n $(WORKERS) --dist loadfile -q --durations=30
 
 # The quick preset updates the tracked results/REPORT.md; other presets write results/REPORT-<preset>.md.
