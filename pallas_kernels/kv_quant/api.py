@@ -33,7 +33,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import _backend
 from pallas_kernels.decode_attention.api import split_k_decode
-from pallas_kernels.kv_quant.config import QuantDecodeBlockSizes, QuantizeBlockSizes
+from pallas_kernels.kv_quant.config import QuantDecodeBlockSizes, QuantizeBlockSizes, quant_decode_default
 from pallas_kernels.kv_quant.cost import dequantize_cost, quant_decode_cost, quantize_cost
 from pallas_kernels.kv_quant.kernel import dequantize_kernel, quant_tile_loader, quantize_kernel, triton_div_rn
 from primitives import attention as attn_ref
@@ -240,7 +240,8 @@ def quantized_decode_attention(
       lengths: [b] int, valid cache entries per sequence.
       scale: logit scale (default 1/sqrt(d)).
       block_sizes: tiling (`QuantDecodeBlockSizes` is the dense `DecodeBlockSizes`); default
-        `DecodeBlockSizes.default(...)`.
+        `config.quant_decode_default(...)` (the dense default, with more splits on TPU so that each
+        program's cache blocks fit in scoped VMEM).
       return_residuals: also return lse [b, h] float32.
       implementation: None | "xla" (dequantize, then the reference) | "pallas" | "pallas_tpu" | "pallas_triton".
       interpret: run the Pallas kernel in the interpreter (None = iff on CPU).
@@ -281,6 +282,7 @@ def quantized_decode_attention(
                              v_scale_itemsize=v.scale.dtype.itemsize, k_asymmetric=k.scheme == "asymmetric",
                              v_asymmetric=v.scheme == "asymmetric", q_itemsize=q.dtype.itemsize)
     loader = quant_tile_loader(k_meta=(k.bits, k.group_size, k.scheme), v_meta=(v.bits, v.group_size, v.scheme))
+    block_sizes = block_sizes or quant_decode_default(seq_len=s, batch=b, cache=cache, implementation=impl)
     return split_k_decode(q, lengths, cache, tile_loader=loader, kv_layout="bskd", block_sizes=block_sizes,
                           implementation=impl, scale=scale, interpret=interpret, cost=cost,
                           name="quantized_decode_attention", return_residuals=return_residuals)

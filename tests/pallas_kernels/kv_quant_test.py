@@ -203,3 +203,28 @@ def test_cost_model_counts():
     assert qc.bytes_accessed == elems * 2 + elems + elems / 128 * 4
     dc = dequantize_cost(elements=elems, bits=2, group_size=32, out_itemsize=4, scale_itemsize=2, asymmetric=True)
     assert dc.bytes_accessed == elems * 4 + elems / 4 + elems / 32 * 4
+
+
+def test_tpu_default_splits_keep_the_cache_blocks_within_scoped_vmem():
+    """The production case of `pallas_kernels.aot` (batch 8, 32k tokens, 8 KV heads of 128; keys 4-bit
+    symmetric, values 2-bit asymmetric with bfloat16 scales): Mosaic reported 40.00M of scoped VMEM for
+    the dense default's 16 splits (2048 keys each), which the padded-tile model gives exactly; the
+    quantized default splits further until a split fits the budget (it then compiles for v5e and v6e,
+    `tests/pallas_kernels/aot_compile_test.py`). Other backends keep the dense default."""
+    from pallas_kernels.decode_attention import DecodeBlockSizes
+    from pallas_kernels.kv_quant import config
+
+    x = jax.ShapeDtypeStruct((8, 32768, 8, 128), jnp.bfloat16)
+    kt = jax.eval_shape(lambda a: qz.quantize(a, bits=4, group_size=64), x)
+    vt = jax.eval_shape(lambda a: qz.quantize(a, bits=2, group_size=128, scheme="asymmetric",
+                                              scale_dtype=jnp.bfloat16), x)
+    cache = [kt.codes, kt.scale, vt.codes, vt.scale, vt.zero]
+    assert config.tpu_block_bytes_per_key(cache) * 2048 == 40 * 2**20
+    dense = DecodeBlockSizes.default(seq_len=32768, batch=8, implementation="pallas_tpu")
+    assert dense.num_splits == 16
+    bs = config.quant_decode_default(seq_len=32768, batch=8, cache=cache, implementation="pallas_tpu")
+    assert bs.block_k == dense.block_k and bs.num_splits == 64
+    assert 32768 // bs.num_splits * config.tpu_block_bytes_per_key(cache) <= config.TPU_CACHE_VMEM_BUDGET
+    assert config.quant_decode_default(seq_len=32768, batch=8, cache=cache,
+                                       implementation="pallas_triton") == DecodeBlockSizes.default(
+        seq_len=32768, batch=8, implementation="pallas_triton")
