@@ -2,7 +2,7 @@
 
     python -m experiments list                          # all papers + foundation, with status
     python -m experiments run lm_arithmetic --preset quick
-    python -m experiments run lm_arithmetic --preset smoke --num-steps 50   # field overrides
+    python -m experiments run lm_arithmetic --preset smoke --train.num-steps 50   # field overrides
     python -m experiments run all --preset quick --jobs 2   # what `make reproduce` calls
     python -m experiments run vegas,ffd --preset quick  # a subset
     python -m experiments report                        # rebuild results/REPORT.md (quick results)
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="where the quick results that decide 'verified' and the 'ours' column are")
     p_run = sub.add_parser("run", help="run experiments: a slug, a comma list, or 'all'", add_help=False,
                            epilog="Arguments after the slug that this parser does not know are config "
-                                  "field overrides, e.g. --num-steps 100 (`run <slug> --help` lists them). "
+                                  "field overrides, e.g. --train.num-steps 100 (`run <slug> --help` lists them). "
                                   "A run with overrides gets its own run directory "
                                   "<results-dir>/<slug>/<preset>-<hash of the config>.")
     p_run.add_argument("-h", "--help", action="store_true",

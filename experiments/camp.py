@@ -80,27 +80,40 @@ SEQ_LEN = 6  # BOS e r [maybe] a EOS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """camp settings (every field can be overridden on the command line)."""
+class WorldSection:
+    """The question world and its preference / held-out split (``--world.num-entities 96``)."""
 
-    # World.
     num_entities: int = 48
     num_relations: int = 4
     num_answers: int = 16
     known_fraction: float = 0.6
     pref_fraction: float = 0.5
-    # SFT on the known facts.
-    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192)
-    sft_steps: int = 400
-    sft_batch: int = 64
-    sft_lr: float = 3e-3
-    # Preference data.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTSection:
+    """SFT on the known facts (``--sft.steps 800``)."""
+
+    steps: int = 400
+    batch: int = 64
+    lr: float = 3e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrefSection:
+    """Preference data (own samples) and optimization, the same for every method (``--pref.steps 400``)."""
+
     num_samples: int = 4
     sample_temperature: float = 1.0
-    # Preference optimization (every method: same pairs, steps, batch, optimizer, seed).
-    pref_steps: int = 200
-    pref_batch: int = 64
-    pref_lr: float = 1e-3
+    steps: int = 200
+    batch: int = 64
+    lr: float = 1e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CAMPSection:
+    """The DPO temperature, CAMP's adaptive margin and the mixture weight (``--camp.tau 0.2``)."""
+
     beta: float = 0.1
     gamma_consistent: float = 1.0
     gamma_conflict: float = 0.5
@@ -108,30 +121,51 @@ class Config:
     lam: float = 0.5
     rho: float = 0.5
     truth_weight: float = 0.5
-    eval_chunk: int = 256
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """Greedy answering (``--eval.chunk 128``)."""
+
+    chunk: int = 256
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """camp settings, in sections overridden on the command line as ``--pref.steps 100``."""
+
+    world: WorldSection = WorldSection()
+    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192)
+    sft: SFTSection = SFTSection()
+    pref: PrefSection = PrefSection()
+    camp: CAMPSection = CAMPSection()
+    eval: EvalSection = EvalSection()
     checkpoint: bool = True
     seed: int = 0
     progress: bool = True
 
     def __post_init__(self):
-        if not 0 < self.pref_fraction < 1:
-            raise ValueError(f"pref_fraction must lie in (0, 1); got {self.pref_fraction}")
-        if self.num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1; got {self.num_samples}")
-        if not self.sample_temperature > 0:
-            raise ValueError(f"sample_temperature must be > 0; got {self.sample_temperature}")
+        err = registry.ConfigError
+        if not 0 < self.world.pref_fraction < 1:
+            raise err("world.pref_fraction", f"must lie in (0, 1); got {self.world.pref_fraction}")
+        if self.pref.num_samples < 1:
+            raise err("pref.num_samples", f"must be >= 1; got {self.pref.num_samples}")
+        if not self.pref.sample_temperature > 0:
+            raise err("pref.sample_temperature", f"must be > 0; got {self.pref.sample_temperature}")
         self.preference_config()  # CAMPConfig / PreferenceConfig validate the rest
-        self.world()
+        self.question_world()
 
-    def world(self) -> QuestionWorld:
-        return QuestionWorld(num_entities=self.num_entities, num_relations=self.num_relations,
-                             num_answers=self.num_answers, known_fraction=self.known_fraction, seed=self.seed)
+    def question_world(self) -> QuestionWorld:
+        w = self.world
+        return QuestionWorld(num_entities=w.num_entities, num_relations=w.num_relations,
+                             num_answers=w.num_answers, known_fraction=w.known_fraction, seed=self.seed)
 
     def preference_config(self) -> camp_lib.PreferenceConfig:
+        k = self.camp
         return camp_lib.PreferenceConfig(
-            camp=camp_lib.CAMPConfig(beta=self.beta, gamma_consistent=self.gamma_consistent,
-                                     gamma_conflict=self.gamma_conflict, tau=self.tau, lam=self.lam, rho=self.rho),
-            truth_weight=self.truth_weight)
+            camp=camp_lib.CAMPConfig(beta=k.beta, gamma_consistent=k.gamma_consistent,
+                                     gamma_conflict=k.gamma_conflict, tau=k.tau, lam=k.lam, rho=k.rho),
+            truth_weight=k.truth_weight)
 
 
 # --- pipeline -----------------------------------------------------------------------------------
@@ -141,11 +175,11 @@ def _sft(c: Config, world: QuestionWorld, workdir: epath.Path):
     tok = world.tokenizer()
     known = [q for q in world.questions if q.known]
     if not known:
-        raise ValueError("known_fraction leaves no known fact to train on")
+        raise registry.ConfigError("world.known_fraction", "leaves no known fact to train on")
 
     def batch_fn(position):
         rng = np.random.default_rng([c.seed, 5, position])
-        chosen = [known[i] for i in rng.integers(0, len(known), c.sft_batch)]
+        chosen = [known[i] for i in rng.integers(0, len(known), c.sft.batch)]
         b = lm_batch(tok, [world.prompt(q) for q in chosen], [world.render(Response("answer", q.answer))
                                                               for q in chosen], seq_len=SEQ_LEN)
         return {k: b[k] for k in ("inputs", "targets", "loss_mask")}
@@ -153,11 +187,11 @@ def _sft(c: Config, world: QuestionWorld, workdir: epath.Path):
     model_cfg = c.model.transformer(tok.vocab_size)
     out = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
-        optimizer_config=training.OptimizerConfig(learning_rate=c.sft_lr, warmup_steps=min(50, c.sft_steps // 5),
-                                                  total_steps=c.sft_steps, weight_decay=0.01),
-        batch_fn=batch_fn, num_steps=c.sft_steps, workdir=(workdir / "sft") if c.checkpoint else None, seed=c.seed,
-        checkpoint_every=max(c.sft_steps, 1), log_every=max(1, c.sft_steps // 10), progress=c.progress,
-        desc="camp sft", fingerprint=repr(("sft", world, model_cfg, c.sft_steps, c.sft_batch, c.sft_lr, c.seed)))
+        optimizer_config=training.OptimizerConfig(learning_rate=c.sft.lr, warmup_steps=min(50, c.sft.steps // 5),
+                                                  total_steps=c.sft.steps, weight_decay=0.01),
+        batch_fn=batch_fn, num_steps=c.sft.steps, workdir=(workdir / "sft") if c.checkpoint else None, seed=c.seed,
+        checkpoint_every=max(c.sft.steps, 1), log_every=max(1, c.sft.steps // 10), progress=c.progress,
+        desc="camp sft", fingerprint=repr(("sft", world, model_cfg, c.sft.steps, c.sft.batch, c.sft.lr, c.seed)))
     return out.graphdef, out.state.params, out.history
 
 
@@ -208,39 +242,39 @@ def build_pairs(world: QuestionWorld, questions, sampled: Mapping[int, list[int]
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
     workdir = epath.Path(workdir)
-    world = c.world()
+    world = c.question_world()
     graphdef, sft_params, sft_hist = _sft(c, world, workdir)
-    pref_qs, held_qs = world.split(c.pref_fraction, seed=c.seed)
+    pref_qs, held_qs = world.split(c.world.pref_fraction, seed=c.seed)
     eval_sets = {"pref": pref_qs, "heldout": held_qs}
 
     # Own samples of the SFT model (answers only; anything else it writes is not a candidate).
-    reps = [q for q in pref_qs for _ in range(c.num_samples)]
-    samples = answer(graphdef, sft_params, world, reps, chunk=c.eval_chunk,
-                     sampler=Sampler(temperature=c.sample_temperature), key=jax.random.key(c.seed + 17))
+    reps = [q for q in pref_qs for _ in range(c.pref.num_samples)]
+    samples = answer(graphdef, sft_params, world, reps, chunk=c.eval.chunk,
+                     sampler=Sampler(temperature=c.pref.sample_temperature), key=jax.random.key(c.seed + 17))
     sampled: dict[int, list[int]] = {}
     for j, r in enumerate(samples):
         if r.kind in ("answer", "hedged"):
-            sampled.setdefault(j // c.num_samples, []).append(r.value)
+            sampled.setdefault(j // c.pref.num_samples, []).append(r.value)
     pairs, pair_stats = build_pairs(world, pref_qs, sampled)
     pair_stats["sample_wrong_on_known"] = float(np.mean([r.kind in ("answer", "hedged") and r.value != q.answer
                                                          for q, r in zip(reps, samples) if q.known]))
 
     def evaluate(params):
-        return {name: world.score(qs, answer(graphdef, params, world, qs, chunk=c.eval_chunk))
+        return {name: world.score(qs, answer(graphdef, params, world, qs, chunk=c.eval.chunk))
                 for name, qs in eval_sets.items()}
 
     evals = {"sft": evaluate(sft_params)}
     pcfg = c.preference_config()
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.pref_lr))
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.pref.lr))
     histories = {}
-    batch = min(c.pref_batch, pair_stats["num_pairs"])
+    batch = min(c.pref.batch, pair_stats["num_pairs"])
     for method in METHODS:
         res = camp_lib.train(graphdef=graphdef, params=sft_params, pairs=pairs, method=method, optimizer=optimizer,
-                             num_steps=c.pref_steps, batch_size=batch, config=pcfg, seed=c.seed,
+                             num_steps=c.pref.steps, batch_size=batch, config=pcfg, seed=c.seed,
                              workdir=(workdir / f"pref_{method}") if c.checkpoint else None,
-                             checkpoint_every=c.pref_steps, log_every=max(1, c.pref_steps // 20),
+                             checkpoint_every=c.pref.steps, log_every=max(1, c.pref.steps // 20),
                              progress=c.progress, desc=f"camp {method}",
-                             fingerprint=repr((method, pcfg, c.pref_steps, batch, c.pref_lr, c.seed, pair_stats)))
+                             fingerprint=repr((method, pcfg, c.pref.steps, batch, c.pref.lr, c.seed, pair_stats)))
         histories[method] = res.history
         evals[method] = evaluate(res.state.params)
 
@@ -308,7 +342,7 @@ def _row(name: str, e: dict) -> str:
 def _verdict(m: dict, checks: list[Check], c: Config):
     rows = "; ".join(_row(k, v["pref"]) for k, v in m["eval"].items())
     context = (f"Preference questions ({m['num_pref_questions']}, greedy answers, exact ratings), "
-               f"{c.pref_steps} steps x {min(c.pref_batch, m['pairs']['num_pairs'])} pairs per method from the same "
+               f"{c.pref.steps} steps x {min(c.pref.batch, m['pairs']['num_pairs'])} pairs per method from the same "
                f"SFT model (known-fact accuracy {m['sft_known_accuracy']:.3f}): {rows}. One seed, tiny LM "
                f"(d_model {c.model.d_model}, {c.model.num_layers} layers)")
     claim = ("conflicts between truthfulness and helpfulness preferences are a minority, and adapting the margin "
@@ -386,15 +420,16 @@ EXPERIMENT = registry.Experiment(
     slug="camp",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(num_entities=6, num_relations=2, num_answers=4,
+        "smoke": lambda: Config(world=WorldSection(num_entities=6, num_relations=2, num_answers=4),
                                 model=LMConfig(d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32),
-                                sft_steps=10, sft_batch=8, num_samples=2, pref_steps=2, pref_batch=8, eval_chunk=16,
-                                checkpoint=False, progress=False),
+                                sft=SFTSection(steps=10, batch=8), pref=PrefSection(num_samples=2, steps=2, batch=8),
+                                eval=EvalSection(chunk=16), checkpoint=False, progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(num_entities=400, num_relations=8, num_answers=64,
+        "paper": lambda: Config(world=WorldSection(num_entities=400, num_relations=8, num_answers=64),
                                 model=LMConfig(d_model=256, num_layers=6, num_heads=8, num_kv_heads=2, d_ff=768),
-                                sft_steps=5000, sft_batch=256, num_samples=8, pref_steps=2000, pref_batch=256,
-                                eval_chunk=1024),
+                                sft=SFTSection(steps=5000, batch=256), pref=PrefSection(num_samples=8, steps=2000,
+                                                                                        batch=256),
+                                eval=EvalSection(chunk=1024)),
     },
     run=run,
 )

@@ -78,10 +78,9 @@ from primitives import ffd as ref
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """ffd settings (every field can be overridden on the command line)."""
+class SynthSection:
+    """The synthetic decode problems of parts 1 and 2 (``--synth.deltas 2 5``)."""
 
-    # Synthetic decode problems (parts 1 and 2).
     batch: int = 8
     tokens: int = 8192
     kv_heads: int = 4
@@ -91,11 +90,12 @@ class Config:
     deltas: tuple[float, ...] = (2.0, 3.0, 5.0, 7.0, 10.0)
     needle_gaps: tuple[float, ...] = (6.0, 10.0)  # nats above the background; the sink is gap + 2
     needles: int = 4
-    seed: int = 0
-    main_delta: float = 5.0  # the paper's default; the kernel byte check and the LM accuracy check use it
-    target_error: float = 1e-2  # drawn on the error plot
-    min_bytes_reduction: float = 4.0  # check: dense / FFD modeled bytes at main_delta, high-gap heads
-    # End to end (part 3): the workloads of experiments._long_context.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LMSection:
+    """End to end (part 3): the workloads of experiments._long_context (``--lm.context-len 4096``)."""
+
     workloads: tuple[str, ...] = lc.WORKLOADS
     vocab_size: int = 16384
     record_size: int = 16
@@ -103,30 +103,50 @@ class Config:
     context_len: int = 8192
     num_prompts: int = 2
     answer_len: int = 16
-    lm_page_size: int = 64
-    lm_deltas: tuple[float, ...] = (2.0, 5.0, 7.0)
+    page_size: int = 64
+    deltas: tuple[float, ...] = (2.0, 5.0, 7.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ChecksSection:
+    """The checked delta and the checks' thresholds, fixed in advance (``--checks.lm-tolerance 0.05``)."""
+
+    main_delta: float = 5.0  # the paper's default; the kernel byte check and the LM accuracy check use it
+    target_error: float = 1e-2  # drawn on the error plot
+    min_bytes_reduction: float = 4.0  # check: dense / FFD modeled bytes at main_delta, high-gap heads
     min_dense_accuracy: float = 0.95  # precondition: the workload retrieves with dense decoding
     lm_tolerance: float = 0.02  # FFD may lose at most this much exact match against dense
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """ffd settings, in sections overridden on the command line as ``--lm.answer-len 8``."""
+
+    synth: SynthSection = SynthSection()
+    lm: LMSection = LMSection()
+    checks: ChecksSection = ChecksSection()
+    seed: int = 0
     checkpoint: bool = True  # keep the tuned workload's fine-tuning under the workdir
     progress: bool = True
 
     def __post_init__(self):
-        if self.tokens % self.page_size or self.tokens < 4 * self.page_size:
-            raise ValueError(f"tokens must be a multiple of page_size and >= 4 pages; got tokens={self.tokens}, "
-                             f"page_size={self.page_size}")
-        if not self.deltas or min(self.deltas) < 0:
-            raise ValueError(f"deltas must be non-empty and >= 0; got {self.deltas}")
-        if self.main_delta not in self.deltas:
-            raise ValueError(f"main_delta ({self.main_delta}) must be one of deltas {self.deltas}")
-        if unknown := set(self.workloads) - set(lc.WORKLOADS):
-            raise ValueError(f"workloads must be among {lc.WORKLOADS}; got unknown {sorted(unknown)}")
-        if self.workloads and self.main_delta not in self.lm_deltas:
-            raise ValueError(f"main_delta ({self.main_delta}) must be one of lm_deltas {self.lm_deltas}")
-        if self.answer_len < 2:
-            raise ValueError(f"answer_len must be >= 2 (one prefill token, then decode steps); got {self.answer_len}")
-        if self.context_len < 2 * self.lm_page_size:
-            raise ValueError(f"context_len ({self.context_len}) must hold >= 2 pages of lm_page_size "
-                             f"({self.lm_page_size})")
+        err, sy, lm, delta = registry.ConfigError, self.synth, self.lm, self.checks.main_delta
+        if sy.tokens % sy.page_size or sy.tokens < 4 * sy.page_size:
+            raise err("synth.tokens", f"must be a multiple of synth.page_size and >= 4 pages; got "
+                                      f"synth.tokens={sy.tokens}, synth.page_size={sy.page_size}")
+        if not sy.deltas or min(sy.deltas) < 0:
+            raise err("synth.deltas", f"must be non-empty and >= 0; got {sy.deltas}")
+        if delta not in sy.deltas:
+            raise err("checks.main_delta", f"must be one of synth.deltas {sy.deltas}; got {delta}")
+        if unknown := set(lm.workloads) - set(lc.WORKLOADS):
+            raise err("lm.workloads", f"must be among {lc.WORKLOADS}; got unknown {sorted(unknown)}")
+        if lm.workloads and delta not in lm.deltas:
+            raise err("checks.main_delta", f"must be one of lm.deltas {lm.deltas}; got {delta}")
+        if lm.answer_len < 2:
+            raise err("lm.answer_len", f"must be >= 2 (one prefill token, then decode steps); got {lm.answer_len}")
+        if lm.context_len < 2 * lm.page_size:
+            raise err("lm.context_len", f"must hold >= 2 pages of lm.page_size ({lm.page_size}); got "
+                                        f"{lm.context_len}")
 
 
 # Jitted once per shape: the reference functions are many small ops.
@@ -141,9 +161,10 @@ _synthetic = jax.jit(ref.synthetic_problem, static_argnames=("batch", "tokens", 
 
 
 def _problem(c: Config, gap: float, peaked_fraction: float, salt: int) -> ref.DecodeProblem:
-    return _synthetic(jax.random.fold_in(jax.random.key(c.seed), salt), batch=c.batch, tokens=c.tokens,
-                                 kv_heads=c.kv_heads, group=c.group, head_dim=c.head_dim, page_size=c.page_size,
-                                 peaked_fraction=peaked_fraction, needles=c.needles, needle_gap=gap,
+    sy = c.synth
+    return _synthetic(jax.random.fold_in(jax.random.key(c.seed), salt), batch=sy.batch, tokens=sy.tokens,
+                                 kv_heads=sy.kv_heads, group=sy.group, head_dim=sy.head_dim, page_size=sy.page_size,
+                                 peaked_fraction=peaked_fraction, needles=sy.needles, needle_gap=gap,
                                  sink_gap=gap + 2.0)
 
 
@@ -183,17 +204,17 @@ def _measure(pr, cache, keep, exact, mass, c: Config) -> dict:
 
 def _part1(c: Config, bar) -> dict:
     out = {}
-    for gi, gap in enumerate(c.needle_gaps):
+    for gi, gap in enumerate(c.synth.needle_gaps):
         pr = _problem(c, gap, 1.0, salt=gi)
-        cache = _build(pr.keys, pr.values, pr.lengths, page_size=c.page_size)
+        cache = _build(pr.keys, pr.values, pr.lengths, page_size=c.synth.page_size)
         exact = _dense(pr.q, pr.keys, pr.values, pr.lengths)
-        mass = _exact_page_mass(pr, c.page_size)
+        mass = _exact_page_mass(pr, c.synth.page_size)
         rows = []
-        for delta in c.deltas:
+        for delta in c.synth.deltas:
             keep, _ = _top_delta(pr.q, cache, delta)
             m = _measure(pr, cache, keep, exact, mass, c)
-            bytes_ = ref.modeled_bytes(batch=c.batch, tokens=c.tokens, kv_heads=c.kv_heads, head_dim=c.head_dim,
-                                       page_size=c.page_size, kept=m["kept"])
+            bytes_ = ref.modeled_bytes(batch=c.synth.batch, tokens=c.synth.tokens, kv_heads=c.synth.kv_heads,
+                                       head_dim=c.synth.head_dim, page_size=c.synth.page_size, kept=m["kept"])
             rows.append({"delta": delta, "kept": m["kept"], "err_mean": float(m["err"].mean()),
                          "err_max": float(m["err"].max()), "dropped_mean": float(m["dropped"].mean()),
                          "dropped_max": float(m["dropped"].max()), "bound_holds": m["bound_ok"],
@@ -204,13 +225,13 @@ def _part1(c: Config, bar) -> dict:
 
 
 def _part2(c: Config, bar) -> dict:
-    pr = _problem(c, max(c.needle_gaps), 0.5, salt=100)
-    cache = _build(pr.keys, pr.values, pr.lengths, page_size=c.page_size)
+    pr = _problem(c, max(c.synth.needle_gaps), 0.5, salt=100)
+    cache = _build(pr.keys, pr.values, pr.lengths, page_size=c.synth.page_size)
     exact = _dense(pr.q, pr.keys, pr.values, pr.lengths)
-    mass = _exact_page_mass(pr, c.page_size)
+    mass = _exact_page_mass(pr, c.synth.page_size)
     peaked = np.asarray(pr.peaked)
     rows = []
-    for delta in c.deltas:
+    for delta in c.synth.deltas:
         keep, _ = _top_delta(pr.q, cache, delta)
         ours = _measure(pr, cache, keep, exact, mass, c)
         n = max(1, int(round(ours["kept"] * cache.num_pages)))  # same average kept pages per KV head
@@ -218,7 +239,7 @@ def _part2(c: Config, bar) -> dict:
         for name, sel in (("top_delta", keep), ("top_k", _top_k(pr.q, cache, n)),
                           ("quest", _quest(pr.q, cache, n))):
             m = ours if name == "top_delta" else _measure(pr, cache, sel, exact, mass, c)
-            e = _per_kv_head(m["err"], c.kv_heads).max(-1)  # worst head of each group
+            e = _per_kv_head(m["err"], c.synth.kv_heads).max(-1)  # worst head of each group
             kept_heads = np.asarray(sel).mean(-1)
             row[name] = {"kept": m["kept"], "worst_err": float(m["err"].max()), "mean_err": float(m["err"].mean()),
                          "worst_err_peaked": float(e[peaked].max()) if peaked.any() else 0.0,
@@ -301,15 +322,15 @@ def _method_row(model, first, cache, steps, answers, reference=None) -> tuple[di
 
 def workload_study(c: Config, wl: lc.Workload, bar) -> dict:
     """Dense, FFD at each delta, and top-k / Quest at FFD's kept fraction on one workload."""
-    p = wl.task.prompts(c.seed, batch_size=c.num_prompts, context_len=c.context_len, answer_len=c.answer_len)
+    p = wl.task.prompts(c.seed, batch_size=c.lm.num_prompts, context_len=c.lm.context_len, answer_len=c.lm.answer_len)
     answers = p["answers"]
-    first, cache = prefill(wl.model, p["prompts"], c.answer_len)
-    steps = c.answer_len - 1
+    first, cache = prefill(wl.model, p["prompts"], c.lm.answer_len)
+    steps = c.lm.answer_len - 1
     dense, reference = _method_row(wl.model, first, cache, steps, answers)
     rows = {"dense": dict(dense, method="dense", delta=None)}
     bar.update(1)
-    ffd = functools.partial(with_decode, wl.model, "ffd", page_size=c.lm_page_size, bits=2)
-    for delta in c.lm_deltas:
+    ffd = functools.partial(with_decode, wl.model, "ffd", page_size=c.lm.page_size, bits=2)
+    for delta in c.lm.deltas:
         r, _ = _method_row(ffd(delta=delta), first, cache, steps, answers, reference)
         rows[f"ffd d={delta:g}"] = dict(r, method="ffd", delta=delta)
         frac = min(max(r["kept"], 1e-3), 1.0)
@@ -318,7 +339,7 @@ def workload_study(c: Config, wl: lc.Workload, bar) -> dict:
             rows[f"{sel} d={delta:g}"] = dict(rb, method=sel, delta=delta, budget=frac)
         bar.update(1)
     return {"fingerprint": wl.fingerprint, "description": wl.description, "dense_accuracy": dense["accuracy"],
-            "pages": c.context_len // c.lm_page_size, "rows": rows}
+            "pages": c.lm.context_len // c.lm.page_size, "rows": rows}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,14 +347,14 @@ def workload_study(c: Config, wl: lc.Workload, bar) -> dict:
 
 
 def kernel_checks(c: Config, part1: dict, part2: dict) -> list[Check]:
-    high = part1[f"{max(c.needle_gaps):g}"]
-    main = next(r for r in high if r["delta"] == c.main_delta)
+    high = part1[f"{max(c.synth.needle_gaps):g}"]
+    main = next(r for r in high if r["delta"] == c.checks.main_delta)
     monotone = all(a["err_mean"] >= b["err_mean"] - 1e-7 for rows in part1.values() for a, b in zip(rows, rows[1:]))
     bound = all(r["bound_holds"] for rows in part1.values() for r in rows)
-    cmp = [r for r in part2["rows"] if r["budget_pages"] < c.tokens // c.page_size]
+    cmp = [r for r in part2["rows"] if r["budget_pages"] < c.synth.tokens // c.synth.page_size]
     checks = [
         Check("kernel: mean output error non-increasing in delta", monotone, "error shrinks as delta grows",
-              "every step of the delta sweep, both gaps", monotone, f"deltas {list(c.deltas)}"),
+              "every step of the delta sweep, both gaps", monotone, f"deltas {list(c.synth.deltas)}"),
         Check("kernel: |o - o*| <= 2 max|v| M_drop / M", bound, "exact algebra (spec)", "every head and delta", bound),
     ]
     for name in ("top_k", "quest"):
@@ -344,25 +365,25 @@ def kernel_checks(c: Config, part1: dict, part2: dict) -> list[Check]:
     reduction = 1.0 / main["bytes_ratio"]
     checks.append(Check("kernel: modeled bytes dense / FFD", reduction,
                         "up to 11.6x kernel speedup at 256K (spec's bandwidth model: ~7x at 10% kept)",
-                        f">= {c.min_bytes_reduction:g}", reduction >= c.min_bytes_reduction,
-                        f"delta={c.main_delta:g}, gap {max(c.needle_gaps):g}, {c.tokens} tokens, kept "
-                        f"{main['kept']:.1%}"))
+                        f">= {c.checks.min_bytes_reduction:g}", reduction >= c.checks.min_bytes_reduction,
+                        f"delta={c.checks.main_delta:g}, gap {max(c.synth.needle_gaps):g}, {c.synth.tokens} tokens, "
+                        f"kept {main['kept']:.1%}"))
     return checks
 
 
 def workload_checks(c: Config, name: str, r: dict) -> list[Check]:
     rows, dense = r["rows"], r["dense_accuracy"]
-    main = rows[f"ffd d={c.main_delta:g}"]
-    where = f"{name}, {c.context_len} tokens, pages of {c.lm_page_size}"
+    main = rows[f"ffd d={c.checks.main_delta:g}"]
+    where = f"{name}, {c.lm.context_len} tokens, pages of {c.lm.page_size}"
     checks = [
         Check("dense greedy exact match (precondition)", dense, "the model retrieves",
-              f">= {c.min_dense_accuracy:g}", dense >= c.min_dense_accuracy, where),
+              f">= {c.checks.min_dense_accuracy:g}", dense >= c.checks.min_dense_accuracy, where),
         Check("FFD - dense exact match", main["accuracy"] - dense, "accuracy maintained (RULER, LongBench)",
-              f">= -{c.lm_tolerance:g}", main["accuracy"] - dense >= -c.lm_tolerance - 1e-9,
-              f"{where}, delta={c.main_delta:g}, kept {main['kept']:.1%}"),
+              f">= -{c.checks.lm_tolerance:g}", main["accuracy"] - dense >= -c.checks.lm_tolerance - 1e-9,
+              f"{where}, delta={c.checks.main_delta:g}, kept {main['kept']:.1%}"),
     ]
     for sel, label in (("top_k", "top-k"), ("quest", "Quest")):
-        diffs = {d: rows[f"ffd d={d:g}"]["accuracy"] - rows[f"{sel} d={d:g}"]["accuracy"] for d in c.lm_deltas}
+        diffs = {d: rows[f"ffd d={d:g}"]["accuracy"] - rows[f"{sel} d={d:g}"]["accuracy"] for d in c.lm.deltas}
         worst = min(diffs, key=diffs.get)
         checks.append(Check(f"FFD - {label} exact match at equal kept fraction", diffs[worst],
                             f"top-delta at least as accurate as {label} at the same budget", ">= 0 at every delta",
@@ -379,22 +400,23 @@ def _workload_sentence(c: Config, name: str, r: dict) -> str:
     per_delta = "; ".join(
         f"delta={d:g}: FFD {rows[f'ffd d={d:g}']['accuracy']:.0%} (kept {rows[f'ffd d={d:g}']['kept']:.1%}, "
         f"layers {layers(rows[f'ffd d={d:g}'])}), top-k {rows[f'top_k d={d:g}']['accuracy']:.0%}, "
-        f"Quest {rows[f'quest d={d:g}']['accuracy']:.0%}" for d in c.lm_deltas)
-    return (f"[{name}: {r['description']}; fingerprint {r['fingerprint']}] {c.context_len} tokens, "
-            f"{r['pages']} pages of {c.lm_page_size}, {c.num_prompts} prompts x {c.answer_len} greedy tokens: "
+        f"Quest {rows[f'quest d={d:g}']['accuracy']:.0%}" for d in c.lm.deltas)
+    return (f"[{name}: {r['description']}; fingerprint {r['fingerprint']}] {c.lm.context_len} tokens, "
+            f"{r['pages']} pages of {c.lm.page_size}, {c.lm.num_prompts} prompts x {c.lm.answer_len} greedy tokens: "
             f"dense exact match {r['dense_accuracy']:.0%}; {per_delta}.")
 
 
 def _verdict(c: Config, part1: dict, part2: dict, results: dict, kchecks: list[Check],
              wchecks: dict[str, list[Check]]) -> tuple[str, bool | None]:
-    high = part1[f"{max(c.needle_gaps):g}"]
-    main = next(r for r in high if r["delta"] == c.main_delta)
-    cmp = [r for r in part2["rows"] if r["budget_pages"] < c.tokens // c.page_size]
+    high = part1[f"{max(c.synth.needle_gaps):g}"]
+    main = next(r for r in high if r["delta"] == c.checks.main_delta)
+    cmp = [r for r in part2["rows"] if r["budget_pages"] < c.synth.tokens // c.synth.page_size]
     parts = [
         "Paper (Llama-3.1-8B): accuracy maintained on RULER and LongBench, up to 11.6x kernel speedup at 256K.",
-        f"Kernel level (synthetic sink+needle heads, gap {max(c.needle_gaps):g} nats, {c.tokens} tokens): at "
-        f"delta={c.main_delta:g} FFD keeps {main['kept']:.1%} of pages, max relative error {main['err_max']:.2e}, max "
-        f"dropped mass {main['dropped_max']:.2e}, modeled bytes {main['bytes_ratio']:.3f} of dense bf16; worst-case "
+        f"Kernel level (synthetic sink+needle heads, gap {max(c.synth.needle_gaps):g} nats, {c.synth.tokens} tokens): "
+        f"at delta={c.checks.main_delta:g} FFD keeps {main['kept']:.1%} of pages, max relative error "
+        f"{main['err_max']:.2e}, max dropped mass {main['dropped_max']:.2e}, modeled bytes "
+        f"{main['bytes_ratio']:.3f} of dense bf16; worst-case "
         "error at matched kept fraction (half peaked, half flat heads): "
         + "; ".join(f"delta={r['delta']:g} ({r['kept']:.0%} kept) top-delta {r['top_delta']['worst_err']:.2e}, "
                     f"top-k {r['top_k']['worst_err']:.2e}, Quest {r['quest']['worst_err']:.2e}" for r in cmp) + ".",
@@ -408,10 +430,10 @@ def _verdict(c: Config, part1: dict, part2: dict, results: dict, kchecks: list[C
         parts.append("End to end not run (no workloads): the accuracy claim is not tested in this run.")
     else:
         reproduced = bool(kernel_ok and retrieving and e2e_ok)
-        acc = {n: results[n]["rows"][f"ffd d={c.main_delta:g}"] for n in results}
+        acc = {n: results[n]["rows"][f"ffd d={c.checks.main_delta:g}"] for n in results}
         parts.append(
-            f"Accuracy claim (FFD at delta={c.main_delta:g} within {c.lm_tolerance:.0%} of dense, and at least as "
-            "accurate as top-k and Quest at its kept fraction, on every workload that retrieves): "
+            f"Accuracy claim (FFD at delta={c.checks.main_delta:g} within {c.checks.lm_tolerance:.0%} of dense, and at "
+            "least as accurate as top-k and Quest at its kept fraction, on every workload that retrieves): "
             + ", ".join(f"{n} {acc[n]['accuracy']:.0%} vs dense {results[n]['dense_accuracy']:.0%}" for n in results)
             + f" -> {'holds' if retrieving and e2e_ok else 'does NOT hold'}"
             + (f" (workloads whose dense decoding does not retrieve, reported but not counted: "
@@ -430,7 +452,7 @@ def _verdict(c: Config, part1: dict, part2: dict, results: dict, kchecks: list[C
 def _reading(c: Config, results: dict) -> str:
     """Where FFD keeps pages, and what the baseline comparisons can and cannot show (from the rows)."""
     rows = {n: r["rows"] for n, r in results.items()}
-    ffd_rows = [(n, d, rows[n][f"ffd d={d:g}"]) for n in rows for d in c.lm_deltas]
+    ffd_rows = [(n, d, rows[n][f"ffd d={d:g}"]) for n in rows for d in c.lm.deltas]
     per_layer = np.array([r["kept_per_layer"] for _, _, r in ffd_rows])
     text = ("FFD's kept fraction per layer over all runs: "
             + ", ".join(f"layer {i + 1} {lo:.1%}-{hi:.1%}" for i, (lo, hi) in
@@ -450,7 +472,7 @@ def _reading(c: Config, results: dict) -> str:
         q = sorted({rows[n][f"quest d={d:g}"]["accuracy"] for n, d in lost})
         text += (f" Quest at the same kept fraction loses ({', '.join(f'{x:.0%}' for x in q)} exact match on "
                  f"{len(lost)} of {len(ffd_rows)} runs); likely cause (inferred, not measured): its per-channel "
-                 f"min/max key bounds cannot rank pages of {c.lm_page_size} tokens whose keys are +-1 codes or "
+                 f"min/max key bounds cannot rank pages of {c.lm.page_size} tokens whose keys are +-1 codes or "
                  "fast-rotating RoPE pairs, since almost every channel spans both signs inside every page.")
     return text
 
@@ -499,11 +521,12 @@ def headline(metrics: Mapping[str, Any]) -> str:
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
     workdir = epath.Path(workdir)
-    steps = len(c.needle_gaps) * len(c.deltas) + len(c.deltas) + len(c.workloads) * (1 + len(c.lm_deltas))
+    sy, lm = c.synth, c.lm
+    steps = len(sy.needle_gaps) * len(sy.deltas) + len(sy.deltas) + len(lm.workloads) * (1 + len(lm.deltas))
     bar = tqdm.tqdm(total=steps, desc="ffd", disable=not c.progress)
     part1 = _part1(c, bar)
     part2 = _part2(c, bar)
-    workloads = lc.build(c.workloads, vocab_size=c.vocab_size, record_size=c.record_size, tune=c.tune,
+    workloads = lc.build(c.lm.workloads, vocab_size=c.lm.vocab_size, record_size=c.lm.record_size, tune=c.lm.tune,
                          workdir=workdir if c.checkpoint else None, progress=c.progress)
     results = {name: workload_study(c, wl, bar) for name, wl in workloads.items()}
     bar.close()
@@ -514,8 +537,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     checks += [dict(ch.as_dict(), workload=name) for name, chs in wchecks.items() for ch in chs]
     summary = {f"{name}_{k}": r["rows"][key][field] for name, r in results.items()
                for k, key, field in (("dense_accuracy", "dense", "accuracy"),
-                                     ("ffd_accuracy", f"ffd d={c.main_delta:g}", "accuracy"),
-                                     ("ffd_kept", f"ffd d={c.main_delta:g}", "kept"))}
+                                     ("ffd_accuracy", f"ffd d={c.checks.main_delta:g}", "accuracy"),
+                                     ("ffd_kept", f"ffd d={c.checks.main_delta:g}", "kept"))}
     plots = [_plot_part1(part1, c, workdir), _plot_part2(part2, workdir)]
     if results:
         plots.append(_plot_end_to_end(c, results, workdir))
@@ -537,7 +560,7 @@ def _plot_part1(part1, c: Config, workdir: pathlib.Path) -> str:
         axes[1].semilogy(d, [max(r["err_mean"], 1e-8) for r in rows], "o--", label=f"mean, gap {gap}")
         axes[2].semilogy(d, [max(r["dropped_max"], 1e-10) for r in rows], "o-", label=f"gap {gap}")
     axes[0].set(xlabel="delta (log2)", ylabel="kept page fraction", title="pages kept")
-    axes[1].axhline(c.target_error, color="gray", ls=":")
+    axes[1].axhline(c.checks.target_error, color="gray", ls=":")
     axes[1].set(xlabel="delta (log2)", ylabel="relative L2 error", title="output error")
     axes[2].set(xlabel="delta (log2)", ylabel="max dropped mass", title="dropped attention mass")
     for ax in axes:
@@ -565,15 +588,15 @@ def _plot_end_to_end(c: Config, results: dict, workdir: pathlib.Path) -> str:
         for method, style, label in (("ffd", "o-", "FFD top-delta"), ("top_k", "s--", "global top-k"),
                                      ("quest", "^:", "Quest")):
             pts = sorted((rows[f"{method} d={d:g}"]["kept"], rows[f"{method} d={d:g}"]["accuracy"])
-                         for d in c.lm_deltas)
+                         for d in c.lm.deltas)
             ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=label)
-        for d in c.lm_deltas:
+        for d in c.lm.deltas:
             row = rows[f"ffd d={d:g}"]
             ax.annotate(f"delta={d:g}", (row["kept"], row["accuracy"]), fontsize=7, xytext=(3, -10),
                         textcoords="offset points")
         ax.axhline(results[name]["dense_accuracy"], color="gray", ls=":", label="dense")
         ax.set(xlabel="kept page fraction", ylabel="greedy exact match", ylim=(-0.02, 1.05), xlim=(0, 1),
-               title=f"{name}: {c.context_len} tokens, pages of {c.lm_page_size}")
+               title=f"{name}: {c.lm.context_len} tokens, pages of {c.lm.page_size}")
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8)
     return report.savefig(fig, workdir / "accuracy_vs_kept.png")
@@ -583,14 +606,15 @@ EXPERIMENT = registry.Experiment(
     slug="ffd",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(batch=2, tokens=1024, kv_heads=2, group=2, head_dim=32, page_size=64,
-                                deltas=(2.0, 5.0), workloads=("record",), vocab_size=512, context_len=160,
-                                answer_len=8, lm_page_size=16, lm_deltas=(5.0,), checkpoint=False,
-                                progress=False),
+        "smoke": lambda: Config(synth=SynthSection(batch=2, tokens=1024, kv_heads=2, group=2, head_dim=32, page_size=64,
+                                                   deltas=(2.0, 5.0)),
+                                lm=LMSection(workloads=("record",), vocab_size=512, context_len=160, answer_len=8,
+                                             page_size=16, deltas=(5.0,)),
+                                checkpoint=False, progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(batch=4, tokens=65536, kv_heads=8, group=4, head_dim=128, vocab_size=32768,
-                                context_len=16384, num_prompts=8, answer_len=32, lm_page_size=128,
-                                tune=dataclasses.replace(lc.TuneConfig(), steps=400)),
+        "paper": lambda: Config(synth=SynthSection(batch=4, tokens=65536, kv_heads=8, group=4, head_dim=128),
+                                lm=LMSection(vocab_size=32768, context_len=16384, num_prompts=8, answer_len=32,
+                                             page_size=128, tune=dataclasses.replace(lc.TuneConfig(), steps=400))),
     },
     run=run,
 )

@@ -38,39 +38,88 @@ from models import Transformer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """lm_arithmetic settings (every field can be overridden on the command line)."""
+class TaskSection:
+    """The arithmetic problems (``--task.num-digits 4``)."""
 
-    # Task.
     num_digits: int = 3
     operations: tuple[str, ...] = ("+",)
     reverse_answer: bool = True
     pad_operands: bool = True
     test_fraction: float = 0.1
-    # Model (the vocabulary comes from the task's tokenizer).
-    model: LMConfig = LMConfig(d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=384)
-    # Training.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """Training (``--train.num-steps 50``)."""
+
     batch_size: int = 64
     num_steps: int = 2000
     learning_rate: float = 3e-3
     warmup_steps: int = 100
     weight_decay: float = 0.1
-    checkpoint_every: int = 500
     log_every: int = 100
     data_parallel: bool = False  # shard the batch over all devices (mesh data=-1)
-    # Evaluation.
-    eval_examples: int = 512
-    eval_batch_size: int = 256
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """Greedy exact-match evaluation and the matmul peak for MFU (``--eval.examples 128``)."""
+
+    examples: int = 512
+    batch_size: int = 256
     target_accuracy: float = 0.95
     peak_matmul_dim: int = 1024
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """lm_arithmetic settings, in sections overridden on the command line as ``--train.num-steps 50``."""
+
+    task: TaskSection = TaskSection()
+    # The model (the vocabulary comes from the task's tokenizer).
+    model: LMConfig = LMConfig(d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=384)
+    train: TrainSection = TrainSection()
+    eval: EvalSection = EvalSection()
+    checkpoint_every: int = 500
     seed: int = 0
     progress: bool = True
 
+    def __post_init__(self):
+        if self.eval.examples < 1:
+            raise registry.ConfigError("eval.examples", f"must be >= 1; got {self.eval.examples}")
+
+
+# The flat field names the config had before it was split into sections, in their old order: the training
+# fingerprint is the old flat repr, so checkpoints written before the split stay valid.
+_FLAT_FIELDS = (
+    ("num_digits", "task.num_digits"), ("operations", "task.operations"), ("reverse_answer", "task.reverse_answer"),
+    ("pad_operands", "task.pad_operands"), ("test_fraction", "task.test_fraction"), ("model", "model"),
+    ("batch_size", "train.batch_size"), ("num_steps", "train.num_steps"), ("learning_rate", "train.learning_rate"),
+    ("warmup_steps", "train.warmup_steps"), ("weight_decay", "train.weight_decay"),
+    ("checkpoint_every", "checkpoint_every"), ("log_every", "train.log_every"),
+    ("data_parallel", "train.data_parallel"), ("eval_examples", "eval.examples"),
+    ("eval_batch_size", "eval.batch_size"), ("target_accuracy", "eval.target_accuracy"),
+    ("peak_matmul_dim", "eval.peak_matmul_dim"), ("seed", "seed"), ("progress", "progress"),
+)
+
+
+def _fingerprint(c: Config) -> str:
+    """The training run's fingerprint: the repr of the pre-sections flat config with progress=True
+    (``Config(num_digits=3, operations=('+',), ...)``)."""
+    c = dataclasses.replace(c, progress=True)
+
+    def get(path):
+        obj = c
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        return obj
+    return "Config(" + ", ".join(f"{old}={get(path)!r}" for old, path in _FLAT_FIELDS) + ")"
+
 
 def _task(c: Config) -> ArithmeticTask:
-    return ArithmeticTask(num_digits=c.num_digits, operations=c.operations, reverse_answer=c.reverse_answer,
-                          pad_operands=c.pad_operands,
-                          test_fraction=c.test_fraction, seed=c.seed)
+    t = c.task
+    return ArithmeticTask(num_digits=t.num_digits, operations=t.operations, reverse_answer=t.reverse_answer,
+                          pad_operands=t.pad_operands, test_fraction=t.test_fraction, seed=c.seed)
 
 
 def exact_match(model: nnx.Module, task: ArithmeticTask, prompts: list[str], *, batch_size: int) -> np.ndarray:
@@ -95,45 +144,46 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     tok = task.tokenizer()
     seq_len = task.max_seq_len
     model_cfg = c.model.transformer(tok.vocab_size)
-    opt = training.OptimizerConfig(learning_rate=c.learning_rate, warmup_steps=min(c.warmup_steps, c.num_steps),
-                                   total_steps=c.num_steps, weight_decay=c.weight_decay)
+    t = c.train
+    opt = training.OptimizerConfig(learning_rate=t.learning_rate, warmup_steps=min(t.warmup_steps, t.num_steps),
+                                   total_steps=c.train.num_steps, weight_decay=c.train.weight_decay)
     result = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
         optimizer_config=opt,
-        batch_fn=lambda position: task.train_batch(position, batch_size=c.batch_size, seq_len=seq_len),
-        num_steps=c.num_steps,
+        batch_fn=lambda position: task.train_batch(position, batch_size=c.train.batch_size, seq_len=seq_len),
+        num_steps=c.train.num_steps,
         workdir=workdir,
-        mesh_config=training.MeshConfig(data=-1) if c.data_parallel else None,
+        mesh_config=training.MeshConfig(data=-1) if c.train.data_parallel else None,
         seed=c.seed,
         checkpoint_every=c.checkpoint_every,
-        log_every=c.log_every,
+        log_every=c.train.log_every,
         progress=c.progress,
         desc="lm_arithmetic",
-        fingerprint=repr(dataclasses.replace(c, progress=True)),
+        fingerprint=_fingerprint(c),
     )
     model = result.model()
 
-    test_prompts, _ = task.sample(c.eval_examples, split="test", seed=10_000)
-    train_prompts, _ = task.sample(c.eval_examples, split="train", seed=20_000)
-    test_acc = float(exact_match(model, task, test_prompts, batch_size=c.eval_batch_size).mean())
-    train_acc = float(exact_match(model, task, train_prompts, batch_size=c.eval_batch_size).mean())
+    test_prompts, _ = task.sample(c.eval.examples, split="test", seed=10_000)
+    train_prompts, _ = task.sample(c.eval.examples, split="train", seed=20_000)
+    test_acc = float(exact_match(model, task, test_prompts, batch_size=c.eval.batch_size).mean())
+    train_acc = float(exact_match(model, task, train_prompts, batch_size=c.eval.batch_size).mean())
 
     # Throughput and MFU, against the matmul peak measured now on this machine.
     tokens_per_example = seq_len - 1
     examples_per_s = steady_throughput(result.history)
     tokens_per_s = examples_per_s * tokens_per_example
     model_flops = model_cfg.flops_per_token(tokens_per_example) * tokens_per_s
-    peak = matmul_peak_flops(c.peak_matmul_dim)
+    peak = matmul_peak_flops(c.eval.peak_matmul_dim)
     mfu = model_flops / peak
 
     plots = [_plot(result.history, workdir)]
-    checks = [Check(f"held-out exact match on {len(test_prompts)} unseen {c.num_digits}-digit problems", test_acc,
+    checks = [Check(f"held-out exact match on {len(test_prompts)} unseen {c.task.num_digits}-digit problems", test_acc,
                     paper="a tiny decoder LM learns multi-digit addition (foundation check)",
-                    threshold=f">= {c.target_accuracy:g}", passed=test_acc >= c.target_accuracy,
+                    threshold=f">= {c.eval.target_accuracy:g}", passed=test_acc >= c.eval.target_accuracy,
                     note=f"train split {train_acc:.1%}")]
     verdict, reproduced = verdict_from_checks(
         checks, claim="the tiny decoder LM learns multi-digit addition",
-        context=(f"After {c.num_steps} steps; {tokens_per_s:,.0f} train tokens/s, MFU {mfu:.1%} of the measured "
+        context=(f"After {c.train.num_steps} steps; {tokens_per_s:,.0f} train tokens/s, MFU {mfu:.1%} of the measured "
                  f"{peak / 1e9:.1f} GFLOP/s f32 matmul peak"),
         cause="too few training steps for this preset (scale limit), or a bug when the quick preset fails")
     return {
@@ -170,15 +220,17 @@ EXPERIMENT = registry.Experiment(
     slug="lm_arithmetic",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(num_digits=2,
+        "smoke": lambda: Config(task=TaskSection(num_digits=2),
                                 model=LMConfig(d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=64),
-                                batch_size=16, num_steps=6, warmup_steps=2, checkpoint_every=3, log_every=2,
-                                eval_examples=16, eval_batch_size=16, peak_matmul_dim=128, progress=False),
+                                train=TrainSection(batch_size=16, num_steps=6, warmup_steps=2, log_every=2),
+                                checkpoint_every=3, eval=EvalSection(examples=16, batch_size=16, peak_matmul_dim=128),
+                                progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(num_digits=4,
+        "paper": lambda: Config(task=TaskSection(num_digits=4),
                                 model=LMConfig(d_model=256, num_layers=4, num_heads=8, num_kv_heads=2, d_ff=768),
-                                batch_size=256, num_steps=10_000, learning_rate=1e-3, eval_examples=4096,
-                                eval_batch_size=1024, peak_matmul_dim=4096, data_parallel=True),
+                                train=TrainSection(batch_size=256, num_steps=10_000, learning_rate=1e-3,
+                                                   data_parallel=True),
+                                eval=EvalSection(examples=4096, batch_size=1024, peak_matmul_dim=4096)),
     },
     run=run,
     claim="A 2-layer decoder LM trained from scratch on CPU reaches >= 95% exact match on held-out "

@@ -68,10 +68,9 @@ PAPER_TURN_REDUCTION = 0.40
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """rosa2 settings (every field can be overridden on the command line)."""
+class UsersSection:
+    """The task and the simulated users (``--users.hint-rate 0.5``)."""
 
-    # Task and users.
     num_symbols: int = 8
     length: int = 5
     ambiguous_rate: float = 0.5
@@ -79,62 +78,115 @@ class Config:
     hint_rate: float = 0.3
     hint_noise: float = 0.2
     closer_noise: float = 0.1
-    # LM training.
-    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192)
-    train_steps: int = 1200
-    train_batch: int = 64
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """LM training on explicit and ambiguous instructions (``--train.steps 2400``)."""
+
+    steps: int = 1200
+    batch: int = 64
     lr: float = 3e-3
     ambiguous_fraction: float = 0.25
     intent_weights: tuple[float, ...] = (1.0, 0.1, 1.0, 1.0)  # reverse, sort, shift, rotate
-    # Interactions.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InteractSection:
+    """The multi-turn interactions (``--interact.num-turns 8``)."""
+
     num_interactions: int = 400
     num_turns: int = 5
-    # ROSA step.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ROSASection:
+    """The ROSA step (``--rosa.beta 1.0``)."""
+
     beta: float = 0.5
     damping: float = 1e-2
     cg_iters: int = 10
     step_size: float = 1.0
     max_kl: float | None = 2.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """rosa2 settings, in sections overridden on the command line as ``--train.steps 600``."""
+
+    users: UsersSection = UsersSection()
+    model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192)
+    train: TrainSection = TrainSection()
+    interact: InteractSection = InteractSection()
+    rosa: ROSASection = ROSASection()
     checkpoint: bool = True
     seed: int = 0
     progress: bool = True
 
     def __post_init__(self):
-        if self.num_interactions < 2:
-            raise ValueError(f"num_interactions must be >= 2; got {self.num_interactions}")
-        if self.num_turns < 1:
-            raise ValueError(f"num_turns must be >= 1; got {self.num_turns}")
-        if self.train_steps < 1:
-            raise ValueError(f"train_steps must be >= 1; got {self.train_steps}")
-        if not 0 < self.prior_trust < 1:
-            raise ValueError(f"prior_trust must lie in (0, 1); got {self.prior_trust}")
-        self.users()
+        err = registry.ConfigError
+        if self.interact.num_interactions < 2:
+            raise err("interact.num_interactions", f"must be >= 2; got {self.interact.num_interactions}")
+        if self.interact.num_turns < 1:
+            raise err("interact.num_turns", f"must be >= 1; got {self.interact.num_turns}")
+        if self.train.steps < 1:
+            raise err("train.steps", f"must be >= 1; got {self.train.steps}")
+        if not 0 < self.users.prior_trust < 1:
+            raise err("users.prior_trust", f"must lie in (0, 1); got {self.users.prior_trust}")
+        self.simulated_users()
         self.rosa_config()
 
-    def users(self) -> MultiTurnUsers:
-        return MultiTurnUsers(num_symbols=self.num_symbols, length=self.length, ambiguous_rate=self.ambiguous_rate, hint_rate=self.hint_rate,
-                              hint_noise=self.hint_noise, closer_noise=self.closer_noise, seed=self.seed)
+    def simulated_users(self) -> MultiTurnUsers:
+        u = self.users
+        return MultiTurnUsers(num_symbols=u.num_symbols, length=u.length, ambiguous_rate=u.ambiguous_rate,
+                              hint_rate=u.hint_rate, hint_noise=u.hint_noise, closer_noise=u.closer_noise,
+                              seed=self.seed)
 
     def rosa_config(self) -> rosa2_lib.ROSAConfig:
-        return rosa2_lib.ROSAConfig(beta=self.beta, damping=self.damping, cg_iters=self.cg_iters,
-                                    step_size=self.step_size, max_kl=self.max_kl)
+        r = self.rosa
+        return rosa2_lib.ROSAConfig(beta=r.beta, damping=r.damping, cg_iters=r.cg_iters, step_size=r.step_size,
+                                    max_kl=r.max_kl)
+
+
+# The flat field names the config had before it was split into sections, in their old order: the turn loop's
+# fingerprint is the old flat repr, so checkpoints written before the split stay valid.
+_FLAT_FIELDS = (
+    ("num_symbols", "users.num_symbols"), ("length", "users.length"), ("ambiguous_rate", "users.ambiguous_rate"),
+    ("prior_trust", "users.prior_trust"), ("hint_rate", "users.hint_rate"), ("hint_noise", "users.hint_noise"),
+    ("closer_noise", "users.closer_noise"), ("model", "model"), ("train_steps", "train.steps"),
+    ("train_batch", "train.batch"), ("lr", "train.lr"), ("ambiguous_fraction", "train.ambiguous_fraction"),
+    ("intent_weights", "train.intent_weights"), ("num_interactions", "interact.num_interactions"),
+    ("num_turns", "interact.num_turns"), ("beta", "rosa.beta"), ("damping", "rosa.damping"),
+    ("cg_iters", "rosa.cg_iters"), ("step_size", "rosa.step_size"), ("max_kl", "rosa.max_kl"),
+    ("checkpoint", "checkpoint"), ("seed", "seed"), ("progress", "progress"),
+)
+
+
+def _flat_repr(c: Config) -> str:
+    """``Config(num_symbols=8, length=5, ...)``: the repr of the pre-sections flat config (fingerprints)."""
+    def get(path):
+        obj = c
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        return obj
+    return "Config(" + ", ".join(f"{old}={get(path)!r}" for old, path in _FLAT_FIELDS) + ")"
 
 
 def _train(c: Config, users: MultiTurnUsers, workdir: epath.Path):
     def batch_fn(position):
         rng = np.random.default_rng([c.seed, 7, position])
-        return users.train_batch(c.train_batch, rng, ambiguous_fraction=c.ambiguous_fraction,
-                                 intent_weights=c.intent_weights)
+        return users.train_batch(c.train.batch, rng, ambiguous_fraction=c.train.ambiguous_fraction,
+                                 intent_weights=c.train.intent_weights)
 
     model_cfg = c.model.transformer(users.vocab_size)
     out = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
-        optimizer_config=training.OptimizerConfig(learning_rate=c.lr, warmup_steps=min(50, c.train_steps // 5),
-                                                  total_steps=c.train_steps, weight_decay=0.01),
-        batch_fn=batch_fn, num_steps=c.train_steps, workdir=(workdir / "lm") if c.checkpoint else None, seed=c.seed,
-        checkpoint_every=c.train_steps, log_every=max(1, c.train_steps // 10), progress=c.progress,
-        desc="rosa2 lm", fingerprint=repr(("lm", users, model_cfg, c.train_steps, c.train_batch, c.lr,
-                                          c.ambiguous_fraction, c.intent_weights, c.seed)))
+        optimizer_config=training.OptimizerConfig(learning_rate=c.train.lr, warmup_steps=min(50, c.train.steps // 5),
+                                                  total_steps=c.train.steps, weight_decay=0.01),
+        batch_fn=batch_fn, num_steps=c.train.steps, workdir=(workdir / "lm") if c.checkpoint else None, seed=c.seed,
+        checkpoint_every=c.train.steps, log_every=max(1, c.train.steps // 10), progress=c.progress,
+        desc="rosa2 lm", fingerprint=repr(("lm", users, model_cfg, c.train.steps, c.train.batch, c.train.lr,
+                                          c.train.ambiguous_fraction, c.train.intent_weights, c.seed)))
     return out.graphdef, out.state.params, out.history
 
 
@@ -146,22 +198,22 @@ def _se_prop(a: float, b: float, n: int) -> float:
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
     workdir = epath.Path(workdir)
-    users = c.users()
+    users = c.simulated_users()
     graphdef, params, hist = _train(c, users, workdir)
     rng = np.random.default_rng([c.seed, 11])
-    x, intent = users.sample(c.num_interactions, rng)
+    x, intent = users.sample(c.interact.num_interactions, rng)
     first = users.first_instructions(intent, rng)
     targets = users.targets(x, intent)
     K = users.num_intents
     # The normaliser's prior: uniform after the ambiguous instruction, prior_trust on a stated intent.
-    prior = np.full((c.num_interactions, K), 1.0 / K, np.float32)
+    prior = np.full((c.interact.num_interactions, K), 1.0 / K, np.float32)
     stated = first >= 0
-    prior[stated] = (1 - c.prior_trust) / (K - 1)
-    prior[stated, first[stated]] = c.prior_trust
+    prior[stated] = (1 - c.users.prior_trust) / (K - 1)
+    prior[stated, first[stated]] = c.users.prior_trust
     prompt_fn = lambda instr: users.prompts(instr, x)  # noqa: E731
 
     # The LM's own accuracy per intent with the explicit (clarified) instruction: its capability.
-    zeros = np.zeros((c.num_interactions, c.model.num_layers, c.model.d_model), np.float32)
+    zeros = np.zeros((c.interact.num_interactions, c.model.num_layers, c.model.d_model), np.float32)
     explicit = np.asarray(rosa2_lib.greedy_answers(graphdef, params, zeros, prompt_fn(intent), users.length))
     capable = (explicit == targets).all(-1)
     ambiguous = np.asarray(rosa2_lib.greedy_answers(graphdef, params, zeros, prompt_fn(np.full_like(intent, -1)),
@@ -172,19 +224,19 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         st = rosa2_lib.co_adapt(
             graphdef=graphdef, model_params=params, prompt_fn=prompt_fn, user_fn=users.user_fn(x, intent),
             candidates=users.outputs(x), prior=prior,
-            num_turns=c.num_turns, arm=arm, initial_instruction=first, config=c.rosa_config(), closer_noise=c.closer_noise,
-            hint_noise=c.hint_noise, workdir=(workdir / f"turns_{arm}") if c.checkpoint else None,
-            progress=c.progress, desc=f"rosa2 {arm}",
-            fingerprint=repr((arm, c, users)))
+            num_turns=c.interact.num_turns, arm=arm, initial_instruction=first, config=c.rosa_config(),
+            closer_noise=c.users.closer_noise, hint_noise=c.users.hint_noise,
+            workdir=(workdir / f"turns_{arm}") if c.checkpoint else None, progress=c.progress, desc=f"rosa2 {arm}",
+            fingerprint=f"({arm!r}, {_flat_repr(c)}, {users!r})")
         solved_at = np.asarray(st.solved_at)
-        acc = [float(((solved_at >= 1) & (solved_at <= t)).mean()) for t in range(1, c.num_turns + 1)]
-        turns = np.where(solved_at > 0, solved_at, c.num_turns).astype(float)
+        acc = [float(((solved_at >= 1) & (solved_at <= t)).mean()) for t in range(1, c.interact.num_turns + 1)]
+        turns = np.where(solved_at > 0, solved_at, c.interact.num_turns).astype(float)
         shift = np.asarray(st.shift)
         results[arm] = {
             "accuracy_by_turn": acc, "final_accuracy": acc[-1],
             "mean_turns": float(turns.mean()), "turns_se": float(turns.std(ddof=1) / math.sqrt(len(turns))),
             "mean_turns_solved": float(solved_at[solved_at > 0].mean()) if (solved_at > 0).any() else float("nan"),
-            "turns_hist": np.bincount(solved_at, minlength=c.num_turns + 1).tolist(),
+            "turns_hist": np.bincount(solved_at, minlength=c.interact.num_turns + 1).tolist(),
             "mean_param_shift": float(shift.mean()),
             "accuracy_ambiguous_start": float((solved_at[~stated] > 0).mean()) if (~stated).any() else float("nan"),
             "accuracy_stated_start": float((solved_at[stated] > 0).mean()) if stated.any() else float("nan"),
@@ -200,7 +252,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                                         for i, name in enumerate(users.intents)},
         "ambiguous_first_answer_accuracy": float((ambiguous == targets).all(-1).mean()),
         "ambiguous_start_fraction": float((~stated).mean()),
-        "num_interactions": c.num_interactions, "num_turns": c.num_turns,
+        "num_interactions": c.interact.num_interactions, "num_turns": c.interact.num_turns,
     }
     checks = _checks(metrics)
     metrics["checks"] = [ch.as_dict() for ch in checks]
@@ -323,14 +375,17 @@ EXPERIMENT = registry.Experiment(
     slug="rosa2",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(num_symbols=5, length=3,
+        "smoke": lambda: Config(users=UsersSection(num_symbols=5, length=3),
                                 model=LMConfig(d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32),
-                                train_steps=10, train_batch=16, num_interactions=16, num_turns=2, cg_iters=3,
+                                train=TrainSection(steps=10, batch=16),
+                                interact=InteractSection(num_interactions=16, num_turns=2),
+                                rosa=ROSASection(cg_iters=3),
                                 checkpoint=False, progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(num_symbols=16, length=8,
+        "paper": lambda: Config(users=UsersSection(num_symbols=16, length=8),
                                 model=LMConfig(d_model=256, num_layers=4, num_heads=8, num_kv_heads=2, d_ff=768),
-                                train_steps=10000, train_batch=256, num_interactions=5000, num_turns=8),
+                                train=TrainSection(steps=10000, batch=256),
+                                interact=InteractSection(num_interactions=5000, num_turns=8)),
     },
     run=run,
 )

@@ -75,25 +75,38 @@ from primitives.sampling import Sampler
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """style_heads settings (every field can be overridden on the command line)."""
+class CorpusSection:
+    """The styled arithmetic corpus (``--corpus.max-operand 12``)."""
 
-    # Corpus.
     max_operand: int = 9
     marker_prob: float = 0.5
-    # Model and training.
-    model: LMConfig = LMConfig(d_model=64, num_layers=4, num_heads=8, num_kv_heads=4, d_ff=128)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """LM training (``--train.num-steps 1600``)."""
+
     batch_size: int = 64
     num_steps: int = 800
     learning_rate: float = 3e-3
     warmup_steps: int = 50
-    # Extraction and localization.
-    extract_samples: int = 256
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExtractSection:
+    """Extraction of the style vectors and localization (``--extract.samples 512``)."""
+
+    samples: int = 256
     filter_threshold: float = 50.0
     vector_positions: str = "response"  # "response" (official response_avg) or "prompt_last" (prompt_last)
     layer: int = -1  # -1: the layer `localize_layer` picks
     localize_rule: str = "formation"
-    # Steering sweep (c = 0, the unsteered model, is always added).
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SteerSection:
+    """The steering sweep; c = 0, the unsteered model, is always added (``--steer.head-counts 1 2 4``)."""
+
     target_style: str = "casual"
     coefficients: tuple[float, ...] = (0.25, 0.35, 0.5, 0.71, 1.0, 1.41, 2.0, 2.83, 4.0, 5.66, 8.0, 11.3, 16.0)
     head_counts: tuple[int, ...] = (1, 2, 3, 4, 8)
@@ -101,37 +114,61 @@ class Config:
     eval_prompts: int = 256
     temperature: float = 1.0
     max_new_tokens: int = 9
-    # Checks (fixed in advance).
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ChecksSection:
+    """The checks' thresholds, fixed in advance (``--checks.claimed-heads 2``)."""
+
     claimed_heads: int = 3
     trait_threshold: float = 0.9
     accuracy_retention: float = 0.9
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """style_heads settings, in sections overridden on the command line as ``--train.num-steps 400``."""
+
+    corpus: CorpusSection = CorpusSection()
+    model: LMConfig = LMConfig(d_model=64, num_layers=4, num_heads=8, num_kv_heads=4, d_ff=128)
+    train: TrainSection = TrainSection()
+    extract: ExtractSection = ExtractSection()
+    steer: SteerSection = SteerSection()
+    checks: ChecksSection = ChecksSection()
     seed: int = 0
     progress: bool = True
 
+    def __post_init__(self):
+        _validate(self)
+
 
 def _validate(c: Config) -> None:
-    if c.target_style not in sc.STYLES:
-        raise ValueError(f"target_style: expected one of {sc.STYLES}, got {c.target_style!r}")
-    if c.vector_positions not in ("response", "prompt_last"):
-        raise ValueError(f"vector_positions: expected 'response' or 'prompt_last', got {c.vector_positions!r}")
+    err, st = registry.ConfigError, c.steer
+    if st.target_style not in sc.STYLES:
+        raise err("steer.target_style", f"must be one of {sc.STYLES}; got {st.target_style!r}")
+    if c.extract.vector_positions not in ("response", "prompt_last"):
+        raise err("extract.vector_positions", f"must be 'response' or 'prompt_last'; got "
+                                              f"{c.extract.vector_positions!r}")
     if c.model.num_layers < 3:
-        raise ValueError(f"model.num_layers: expected >= 3 (layer localization needs L - 2 >= 1), got "
-                         f"{c.model.num_layers}")
+        raise err("model.num_layers", f"must be >= 3 (layer localization needs L - 2 >= 1); got {c.model.num_layers}")
     h = c.model.num_heads
-    if not c.head_counts or any(not 1 <= k <= h for k in c.head_counts):
-        raise ValueError(f"head_counts: expected values in [1, model.num_heads={h}], got {c.head_counts}")
-    if c.claimed_heads not in c.head_counts:
-        raise ValueError(f"claimed_heads: expected one of head_counts {c.head_counts}, got {c.claimed_heads}")
-    if c.claimed_heads >= h:
-        raise ValueError(f"claimed_heads: expected < model.num_heads={h} (random sets need other heads), "
-                         f"got {c.claimed_heads}")
-    if not c.coefficients or any(not np.isfinite(x) or x <= 0 for x in c.coefficients):
-        raise ValueError(f"coefficients: expected finite positive values, got {c.coefficients}")
-    if not -1 <= c.layer < c.model.num_layers:
-        raise ValueError(f"layer: expected -1 (localize) or an int in [0, {c.model.num_layers}), got {c.layer}")
-    for name in ("eval_prompts", "extract_samples", "max_new_tokens"):
-        if getattr(c, name) < 1:
-            raise ValueError(f"{name}: expected >= 1, got {getattr(c, name)}")
+    if not st.head_counts or any(not 1 <= k <= h for k in st.head_counts):
+        raise err("steer.head_counts", f"must hold values in [1, model.num_heads={h}]; got {st.head_counts}")
+    if c.checks.claimed_heads not in st.head_counts:
+        raise err("checks.claimed_heads", f"must be one of steer.head_counts={st.head_counts}; got "
+                                          f"{c.checks.claimed_heads}")
+    if c.checks.claimed_heads >= h:
+        raise err("checks.claimed_heads", f"must be < model.num_heads={h} (random sets need other heads); got "
+                                          f"{c.checks.claimed_heads}")
+    if not st.coefficients or any(not np.isfinite(x) or x <= 0 for x in st.coefficients):
+        raise err("steer.coefficients", f"must be finite positive values; got {st.coefficients}")
+    if not -1 <= c.extract.layer < c.model.num_layers:
+        raise err("extract.layer", f"must be -1 (localize) or an int in [0, {c.model.num_layers}); got "
+                                   f"{c.extract.layer}")
+    for path, value in (("steer.eval_prompts", st.eval_prompts), ("extract.samples", c.extract.samples),
+                        ("steer.max_new_tokens", st.max_new_tokens)):
+        if value < 1:
+            raise err(path, f"must be >= 1; got {value}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -144,7 +181,7 @@ class _Evaluator:
     def __init__(self, c: Config, model, corpus: sc.StyleCorpus):
         self.c, self.model, self.corpus = c, model, corpus
         self.tok = corpus.tokenizer()
-        self.sampler = Sampler(temperature=c.temperature)
+        self.sampler = Sampler(temperature=c.steer.temperature)
         graphdef, state = nnx.split(model)
         self._state = state
         self._logits = jax.jit(lambda st, t: nnx.merge(graphdef, st)(t).logits)
@@ -153,7 +190,7 @@ class _Evaluator:
     def generate(self, prompts: list[str], key, model_kwargs=None) -> tuple[np.ndarray, list[list[str]]]:
         b = prompt_batch(self.tok, prompts, seq_len=self.prompt_len)
         out = generate(self.model, jnp.asarray(b["tokens"]), prompt_lengths=jnp.asarray(b["prompt_lengths"]),
-                       max_new_tokens=self.c.max_new_tokens, sampler=self.sampler, key=key,
+                       max_new_tokens=self.c.steer.max_new_tokens, sampler=self.sampler, key=key,
                        stop_tokens=(self.tok.eos_id,), pad_id=self.tok.pad_id, model_kwargs=model_kwargs)
         toks = np.asarray(out.tokens)
         return toks, [self.tok.decode(row).split() for row in toks]
@@ -184,7 +221,7 @@ class _Evaluator:
     def score(self, questions: list[str], answers: np.ndarray, gen_tokens: np.ndarray,
               words: list[list[str]]) -> dict[str, float]:
         """Trait rate, style shares, well-formedness, task accuracy and perplexity of one sweep point."""
-        target = self.c.target_style
+        target = self.c.steer.target_style
         labels = [sc.classify_style(w) for w in words]
         nll, lengths = self.nll(questions, gen_tokens)
         best = nll.min(axis=1)
@@ -218,8 +255,8 @@ def _logsumexp(x: np.ndarray) -> np.ndarray:
 def _extract(c: Config, ev: _Evaluator, key) -> dict:
     """Generates under both markers, filters pairs, and returns the mean-difference vectors."""
     corpus, tok = ev.corpus, ev.tok
-    pos_style, neg_style = c.target_style, [s for s in sc.STYLES if s != c.target_style][0]
-    rng_prompts, answers = corpus.test_prompts(c.extract_samples, seed=7)
+    pos_style, neg_style = c.steer.target_style, [s for s in sc.STYLES if s != c.steer.target_style][0]
+    rng_prompts, answers = corpus.test_prompts(c.extract.samples, seed=7)
     k_pos, k_neg = jax.random.split(key)
     gens, words = {}, {}
     for s, k in ((pos_style, k_pos), (neg_style, k_neg)):
@@ -229,7 +266,7 @@ def _extract(c: Config, ev: _Evaluator, key) -> dict:
     coh = {s: np.array([100.0 * (sc.well_formed(w) and sc.answer_correct(w, int(a)))
                         for w, a in zip(words[s], answers)]) for s in words}
     keep = sh.filter_pairs(trait[pos_style], trait[neg_style], coh[pos_style], coh[neg_style],
-                           threshold=c.filter_threshold)
+                           threshold=c.extract.filter_threshold)
     nonempty = np.ones_like(keep)
     for s in gens:  # a response needs at least one token to average over
         nonempty &= np.array([any(t not in (tok.eos_id, tok.pad_id) for t in row) for row in gens[s]])
@@ -250,7 +287,7 @@ def _extract(c: Config, ev: _Evaluator, key) -> dict:
             resp = [t for t in g[i] if t not in (tok.eos_id, tok.pad_id)]
             seq[i, :len(row)] = row
             seq[i, len(row):len(row) + len(resp)] = resp
-            if c.vector_positions == "response":
+            if c.extract.vector_positions == "response":
                 mask[i, len(row):len(row) + len(resp)] = 1.0
             else:  # "prompt_last": the position that predicts the first response token
                 mask[i, len(row) - 1] = 1.0
@@ -278,19 +315,21 @@ def _method_name(kind: str, k: int | None = None, j: int | None = None) -> str:
 def _train(c: Config, corpus: sc.StyleCorpus, workdir: epath.Path):
     tok = corpus.tokenizer()
     cfg = c.model.transformer(tok.vocab_size)
-    opt = training.OptimizerConfig(learning_rate=c.learning_rate, warmup_steps=min(c.warmup_steps, c.num_steps),
-                                   total_steps=c.num_steps)
+    t = c.train
+    opt = training.OptimizerConfig(learning_rate=t.learning_rate, warmup_steps=min(t.warmup_steps, t.num_steps),
+                                   total_steps=t.num_steps)
     return training.fit(model_fn=lambda rngs: Transformer(cfg, rngs=rngs), optimizer_config=opt,
-                        batch_fn=lambda pos: corpus.train_batch(pos, batch_size=c.batch_size),
-                        num_steps=c.num_steps, workdir=workdir / "lm", seed=c.seed,
-                        checkpoint_every=max(1, c.num_steps), log_every=max(1, c.num_steps // 10),
+                        batch_fn=lambda pos: corpus.train_batch(pos, batch_size=c.train.batch_size),
+                        num_steps=c.train.num_steps, workdir=workdir / "lm", seed=c.seed,
+                        checkpoint_every=max(1, c.train.num_steps), log_every=max(1, c.train.num_steps // 10),
                         progress=c.progress, desc="style_heads lm",
                         fingerprint=repr(_train_fields(c)))
 
 
 def _train_fields(c: Config) -> tuple:
-    return (c.max_operand, c.marker_prob, c.model, c.batch_size, c.num_steps, c.learning_rate, c.warmup_steps,
-            c.seed)
+    t = c.train
+    return (c.corpus.max_operand, c.corpus.marker_prob, c.model, t.batch_size, t.num_steps, t.learning_rate,
+            t.warmup_steps, c.seed)
 
 
 def _best_trait(points: list[dict], min_accuracy: float) -> float:
@@ -306,7 +345,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     _validate(c)
     workdir = epath.Path(workdir)
     t0 = time.time()
-    corpus = sc.StyleCorpus(max_operand=c.max_operand, marker_prob=c.marker_prob, seed=c.seed)
+    corpus = sc.StyleCorpus(max_operand=c.corpus.max_operand, marker_prob=c.corpus.marker_prob, seed=c.seed)
     result = _train(c, corpus, workdir)
     model = result.model()
     train_s = time.time() - t0
@@ -318,40 +357,40 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     ext = _extract(c, ev, k_extract)
     vec = ext["vectors"]
     residual_vectors = np.asarray(vec["residual"])
-    localized = sh.localize_layer(residual_vectors, rule=c.localize_rule)
-    layer = localized if c.layer < 0 else c.layer
+    localized = sh.localize_layer(residual_vectors, rule=c.extract.localize_rule)
+    layer = localized if c.extract.layer < 0 else c.extract.layer
     wo = sh.output_projections(model)
     z, s = sh.layer_head_contributions(vec["attn_pre_o"], vec["attn_out"], wo)
     z, s = np.asarray(z), np.asarray(s)
     order = sh.top_heads(z[layer], h)
 
-    prompts, answers = corpus.test_prompts(c.eval_prompts, seed=11)
+    prompts, answers = corpus.test_prompts(c.steer.eval_prompts, seed=11)
     base_toks, base_words = ev.generate(prompts, k_eval)
     base = ev.score(prompts, answers, base_toks, base_words)
-    marked_prompts = [corpus.prompt(*_operands(q), c.target_style) for q in prompts]
+    marked_prompts = [corpus.prompt(*_operands(q), c.steer.target_style) for q in prompts]
     mt, mw = ev.generate(marked_prompts, k_eval)
     marked = ev.score(prompts, answers, mt, mw)
 
     rng = np.random.default_rng([c.seed, 99])
-    top3 = set(order[:c.claimed_heads])
+    top3 = set(order[:c.checks.claimed_heads])
     random_sets = []
-    while len(random_sets) < c.random_head_sets:
-        cand = tuple(sorted(int(x) for x in rng.choice(h, size=c.claimed_heads, replace=False)))
+    while len(random_sets) < c.steer.random_head_sets:
+        cand = tuple(sorted(int(x) for x in rng.choice(h, size=c.checks.claimed_heads, replace=False)))
         if set(cand) != top3 and cand not in random_sets:
             random_sets.append(cand)
-        if len(random_sets) >= _n_choose_k(h, c.claimed_heads) - 1:
+        if len(random_sets) >= _n_choose_k(h, c.checks.claimed_heads) - 1:
             break
-    methods = [("heads", k, None, order[:k]) for k in c.head_counts]
-    methods += [("random", c.claimed_heads, j, hs) for j, hs in enumerate(random_sets)]
+    methods = [("heads", k, None, order[:k]) for k in c.steer.head_counts]
+    methods += [("random", c.checks.claimed_heads, j, hs) for j, hs in enumerate(random_sets)]
     methods.append(("residual", None, None, ()))
     u = jnp.asarray(vec["attn_pre_o"][layer])
     v = jnp.asarray(vec["residual"][layer])
     sweeps: dict[str, list[dict]] = {}
-    bar = tqdm.tqdm(total=len(methods) * len(c.coefficients), desc="style_heads sweep", disable=not c.progress)
+    bar = tqdm.tqdm(total=len(methods) * len(c.steer.coefficients), desc="style_heads sweep", disable=not c.progress)
     for kind, k, j, heads in methods:
         name = _method_name(kind, k, j)
         pts = [dict(base, coef=0.0)]
-        for coef in c.coefficients:
+        for coef in c.steer.coefficients:
             if kind == "residual":
                 kw = {"residual_deltas": sh.residual_steering_deltas(v, layer=layer, coef=coef, num_layers=L)}
             else:
@@ -368,67 +407,72 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         t_, w_ = ev.generate(marked_prompts, k_abl, {"head_mask": m})
         return ev.score(prompts, answers, t_, w_)
 
-    abl_top = ablate(order[:c.claimed_heads])
+    abl_top = ablate(order[:c.checks.claimed_heads])
     abl_rand = [ablate(hs) for hs in random_sets]
 
     # Checks.
-    min_acc = c.accuracy_retention * base["accuracy"]
-    best_by_k = {k: _best_trait(sweeps[_method_name("heads", k)], min_acc) for k in c.head_counts}
-    best_random = [_best_trait(sweeps[_method_name("random", c.claimed_heads, j)], min_acc)
+    min_acc = c.checks.accuracy_retention * base["accuracy"]
+    best_by_k = {k: _best_trait(sweeps[_method_name("heads", k)], min_acc) for k in c.steer.head_counts}
+    best_random = [_best_trait(sweeps[_method_name("random", c.checks.claimed_heads, j)], min_acc)
                    for j in range(len(random_sets))]
     best_residual = _best_trait(sweeps["residual"], min_acc)
-    k_min = next((k for k in sorted(c.head_counts) if best_by_k[k] >= c.trait_threshold), None)
-    top_name = _method_name("heads", c.claimed_heads)
+    k_min = next((k for k in sorted(c.steer.head_counts) if best_by_k[k] >= c.checks.trait_threshold), None)
+    top_name = _method_name("heads", c.checks.claimed_heads)
     hv = {name: {"perplexity": _hv(pts, "coherence"), "accuracy": _hv(pts, "accuracy")}
           for name, pts in sweeps.items()}
-    three_suffice = best_by_k[c.claimed_heads] >= c.trait_threshold
+    three_suffice = best_by_k[c.checks.claimed_heads] >= c.checks.trait_threshold
     better_front = hv[top_name]["perplexity"] > hv["residual"]["perplexity"]
     better_front_acc = hv[top_name]["accuracy"] > hv["residual"]["accuracy"]
-    beats_random = bool(best_random) and best_by_k[c.claimed_heads] > float(np.mean(best_random))
+    beats_random = bool(best_random) and best_by_k[c.checks.claimed_heads] > float(np.mean(best_random))
     abl_drop_top = marked["trait_rate"] - abl_top["trait_rate"]
     abl_drop_rand = float(np.mean([marked["trait_rate"] - a["trait_rate"] for a in abl_rand])) if abl_rand else 0.0
     checks = [
-        Check(f"top-{c.claimed_heads} head steering: best trait rate with accuracy >= "
-              f"{c.accuracy_retention:g} x unsteered", best_by_k[c.claimed_heads], "3 heads suffice to control persona",
-              f">= {c.trait_threshold:g}", three_suffice,
+        Check(f"top-{c.checks.claimed_heads} head steering: best trait rate with accuracy >= "
+              f"{c.checks.accuracy_retention:g} x unsteered", best_by_k[c.checks.claimed_heads],
+              "3 heads suffice to control persona",
+              f">= {c.checks.trait_threshold:g}", three_suffice,
               note=f"smallest k reaching it: {k_min}; unsteered trait rate {base['trait_rate']:.2f}"),
-        Check(f"Pareto area (trait rate x 1/perplexity), top-{c.claimed_heads} heads - residual",
+        Check(f"Pareto area (trait rate x 1/perplexity), top-{c.checks.claimed_heads} heads - residual",
               hv[top_name]["perplexity"] - hv["residual"]["perplexity"],
               "better trait-coherency Pareto front than residual steering", "> 0", better_front,
               note=f"heads {hv[top_name]['perplexity']:.3f} vs residual {hv['residual']['perplexity']:.3f}"),
-        Check(f"Pareto area (trait rate x task accuracy), top-{c.claimed_heads} heads - residual",
+        Check(f"Pareto area (trait rate x task accuracy), top-{c.checks.claimed_heads} heads - residual",
               hv[top_name]["accuracy"] - hv["residual"]["accuracy"], "less coherency degradation", "> 0",
               better_front_acc, required=False),
-        Check(f"best trait rate, top-{c.claimed_heads} heads - mean of random {c.claimed_heads}-head sets",
-              best_by_k[c.claimed_heads] - (float(np.mean(best_random)) if best_random else 0.0),
+        Check(f"best trait rate, top-{c.checks.claimed_heads} heads - mean of random "
+              f"{c.checks.claimed_heads}-head sets",
+              best_by_k[c.checks.claimed_heads] - (float(np.mean(best_random)) if best_random else 0.0),
               "the localized heads matter", "> 0", beats_random, required=False),
-        Check(f"ablation under the {c.target_style} marker: trait-rate drop, top-{c.claimed_heads} - random sets",
+        Check(f"ablation under the {c.steer.target_style} marker: trait-rate drop, top-{c.checks.claimed_heads} - "
+              "random sets",
               abl_drop_top - abl_drop_rand, "the heads are necessary (ablation)", "> 0",
               abl_drop_top > abl_drop_rand, required=False),
     ]
-    context = (f"Tiny LM ({L} layers x {h} heads, d_model {c.model.d_model}, {c.num_steps} steps, final loss "
+    context = (f"Tiny LM ({L} layers x {h} heads, d_model {c.model.d_model}, {c.train.num_steps} steps, final loss "
                f"{result.history[-1]['loss'] if result.history else float('nan'):.3f}); {ext['kept_pairs']}/"
-               f"{c.extract_samples} extraction pairs kept; localized layer {localized} (used {layer}), top heads "
-               f"{list(order[:c.claimed_heads])} (z {', '.join(f'{z[layer, i]:.2f}' for i in order[:c.claimed_heads])}). "
+               f"{c.extract.samples} extraction pairs kept; localized layer {localized} (used {layer}), top heads "
+               f"{list(order[:c.checks.claimed_heads])} "
+               f"(z {', '.join(f'{z[layer, i]:.2f}' for i in order[:c.checks.claimed_heads])}). "
                f"Unsteered (marker withheld): trait {base['trait_rate']:.2f}, accuracy {base['accuracy']:.2f}, "
-               f"perplexity {base['perplexity']:.2f}; with the {c.target_style} marker: trait {marked['trait_rate']:.2f}. "
+               f"perplexity {base['perplexity']:.2f}; with the {c.steer.target_style} marker: trait "
+               f"{marked['trait_rate']:.2f}. "
                f"Best trait rate at accuracy >= {min_acc:.2f}: "
-               + ", ".join(f"top-{k} {best_by_k[k]:.2f}" for k in c.head_counts)
-               + f", residual {best_residual:.2f}, random {c.claimed_heads}-sets "
+               + ", ".join(f"top-{k} {best_by_k[k]:.2f}" for k in c.steer.head_counts)
+               + f", residual {best_residual:.2f}, random {c.checks.claimed_heads}-sets "
                + ", ".join(f"{b:.2f}" for b in best_random)
-               + f". {_matched(sweeps, top_name, c.trait_threshold)}")
+               + f". {_matched(sweeps, top_name, c.checks.trait_threshold)}")
     cause = ({} if all(ch.passed for ch in checks if ch.required)
              else _cause(c, sweeps, three_suffice, better_front, min_acc))
     verdict, reproduced = checks_lib.verdict(
-        checks, claim=f"steering {c.claimed_heads} localized style heads controls the style with less coherence loss than "
-        "residual-stream steering (better trait-coherence Pareto front)", context=context, **cause)
+        checks, claim=f"steering {c.checks.claimed_heads} localized style heads controls the style with less coherence "
+        "loss than residual-stream steering (better trait-coherence Pareto front)", context=context, **cause)
     metrics = {
         "train_seconds": train_s,
         "final_loss": float(result.history[-1]["loss"]) if result.history else float("nan"),
         "kept_pairs": ext["kept_pairs"],
         "filter_applied": ext["filter_applied"],
         "prompted_trait_rate": ext["prompted_trait_rate"],
-        "claimed_heads": c.claimed_heads,
+        "claimed_heads": c.checks.claimed_heads,
         "localized_layer": localized,
         "layer": layer,
         "cosine_matrix": np.asarray(sh.cosine_matrix(residual_vectors)).tolist(),
@@ -477,16 +521,16 @@ def _matched(sweeps: dict, top_name: str, thr: float) -> str:
 def _cause(c: Config, sweeps: dict, three_suffice: bool, better_front: bool, min_acc: float) -> dict:
     """Why a run did not reproduce, with the numbers (`checks.verdict`'s ``cause``/``cause_class``)."""
     parts = []
-    top = sweeps[_method_name("heads", c.claimed_heads)]
+    top = sweeps[_method_name("heads", c.checks.claimed_heads)]
     if not three_suffice:
-        hit = [p for p in top if p["trait_rate"] >= c.trait_threshold]
+        hit = [p for p in top if p["trait_rate"] >= c.checks.trait_threshold]
         if hit:
             p = hit[0]
-            parts.append(f"top-{c.claimed_heads} head steering does reach trait {p['trait_rate']:.2f} (c = {p['coef']:g}) "
+            parts.append(f"top-{c.checks.claimed_heads} head steering does reach trait {p['trait_rate']:.2f} (c = {p['coef']:g}) "
                          f"but with accuracy {p['accuracy']:.2f} < {min_acc:.2f}: on a {c.model.num_layers}-layer toy LM "
                          "the style is spread over more heads than the paper's 7B models concentrate it in")
         else:
-            parts.append(f"top-{c.claimed_heads} head steering never reaches trait {c.trait_threshold:g} on the "
+            parts.append(f"top-{c.checks.claimed_heads} head steering never reaches trait {c.checks.trait_threshold:g} on the "
                          "coefficient grid")
     if not better_front:
         parts.append("residual steering's front is at least as good on this toy LM")
@@ -518,12 +562,12 @@ def _plots(c: Config, m: dict, workdir: epath.Path) -> list[str]:
         else:
             i = heads_names.index(name)
             style = dict(color=cmap(i / max(1, len(heads_names) - 1)), marker="o",
-                         lw=2.5 if name == f"top-{c.claimed_heads} heads" else 1.0)
+                         lw=2.5 if name == f"top-{c.checks.claimed_heads} heads" else 1.0)
         axes[0].plot(x, [p["coherence"] for p in pts], label=name, **style)
         axes[1].plot(x, [p["accuracy"] for p in pts], label=name, **style)
-    axes[0].set(xlabel=f"trait-control rate ({c.target_style})", ylabel="coherence = 1 / perplexity (unsteered LM)",
+    axes[0].set(xlabel=f"trait-control rate ({c.steer.target_style})", ylabel="coherence = 1 / perplexity (unsteered LM)",
                 title=f"trait vs coherence, layer {m['layer']}")
-    axes[1].set(xlabel=f"trait-control rate ({c.target_style})", ylabel="task accuracy",
+    axes[1].set(xlabel=f"trait-control rate ({c.steer.target_style})", ylabel="task accuracy",
                 title="trait vs task accuracy")
     plotting.legend(axes[0], fontsize=7)
     out = [report.savefig(fig, workdir / "trait_vs_coherence.png")]
@@ -532,10 +576,10 @@ def _plots(c: Config, m: dict, workdir: epath.Path) -> list[str]:
     ks = [int(k) for k in m["best_trait_by_k"]]
     axes[0].plot(ks, [m["best_trait_by_k"][str(k)] for k in ks], "o-", label="top-k heads")
     if m["best_trait_random"]:
-        axes[0].scatter([c.claimed_heads] * len(m["best_trait_random"]), m["best_trait_random"], color="tab:gray",
-                        label=f"random {c.claimed_heads}-head sets", zorder=3)
+        axes[0].scatter([c.checks.claimed_heads] * len(m["best_trait_random"]), m["best_trait_random"], color="tab:gray",
+                        label=f"random {c.checks.claimed_heads}-head sets", zorder=3)
     axes[0].axhline(m["best_trait_residual"], color="tab:red", ls="--", label="residual")
-    axes[0].axhline(c.trait_threshold, color="k", ls=":", lw=0.8)
+    axes[0].axhline(c.checks.trait_threshold, color="k", ls=":", lw=0.8)
     axes[0].set(xlabel="k (heads steered)", ylabel="best trait rate (accuracy kept)", ylim=(-0.02, 1.02),
                 title="how many heads suffice")
     plotting.legend(axes[0], fontsize=8)
@@ -552,13 +596,15 @@ EXPERIMENT = registry.Experiment(
     config_cls=Config,
     presets={
         "smoke": lambda: Config(model=LMConfig(d_model=32, num_layers=3, num_heads=4, num_kv_heads=2, d_ff=64),
-                                batch_size=32, num_steps=40, extract_samples=32, coefficients=(1.0, 4.0),
-                                head_counts=(1, 2), claimed_heads=2, random_head_sets=1, eval_prompts=16,
-                                max_new_tokens=8, progress=False),
+                                train=TrainSection(batch_size=32, num_steps=40), extract=ExtractSection(samples=32),
+                                steer=SteerSection(coefficients=(1.0, 4.0), head_counts=(1, 2), random_head_sets=1,
+                                                   eval_prompts=16, max_new_tokens=8),
+                                checks=ChecksSection(claimed_heads=2), progress=False),
         "quick": lambda: Config(),
         "paper": lambda: Config(model=LMConfig(d_model=128, num_layers=6, num_heads=8, num_kv_heads=4, d_ff=384),
-                                num_steps=3000, extract_samples=1024, eval_prompts=1024,
-                                coefficients=(0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0)),
+                                train=TrainSection(num_steps=3000), extract=ExtractSection(samples=1024),
+                                steer=SteerSection(eval_prompts=1024, coefficients=(0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0,
+                                                                                    8.0, 12.0, 16.0, 32.0))),
     },
     run=run,
 )

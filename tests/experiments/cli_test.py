@@ -19,7 +19,7 @@ from experiments import registry, report
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SLUG = "lm_arithmetic"  # the cheapest experiment
-TINY = ["--num-steps", "2", "--eval-examples", "4", "--eval-batch-size", "4"]
+TINY = ["--train.num-steps", "2", "--eval.examples", "4", "--eval.batch-size", "4"]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_run_slug_help_lists_the_config_fields(capsys):
     assert cli.main(["run", SLUG, "--help"]) == 0
     out = capsys.readouterr().out
     assert "--preset" in out and "--results-dir" in out  # the run options
-    for flag in ("--num-steps", "--batch-size", "--learning-rate", "--seed"):  # the config fields
+    for flag in ("--train.num-steps", "--train.batch-size", "--train.learning-rate", "--seed"):  # the config fields
         assert flag in out, flag
 
 
@@ -156,11 +156,11 @@ def test_report_without_results_of_the_preset_fails(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--num-steps", "0", "--num-steps must be >= 1; got 0"),
-    ("--batch-size", "0", "--batch-size must be >= 1; got 0"),
-    ("--learning-rate", "nan", "--learning-rate must not be NaN"),
-    ("--learning-rate", "-1", "--learning-rate (a learning rate) must be finite and > 0; got -1.0"),
-    ("--learning-rate", "inf", "--learning-rate (a learning rate) must be finite and > 0; got inf"),
+    ("--train.num-steps", "0", "--train.num-steps must be >= 1; got 0"),
+    ("--train.batch-size", "0", "--train.batch-size must be >= 1; got 0"),
+    ("--train.learning-rate", "nan", "--train.learning-rate must not be NaN"),
+    ("--train.learning-rate", "-1", "--train.learning-rate (a learning rate) must be finite and > 0; got -1.0"),
+    ("--train.learning-rate", "inf", "--train.learning-rate (a learning rate) must be finite and > 0; got inf"),
 ])
 def test_bad_values_fail_with_exit_code_2_naming_the_flag(flag, value, message, tmp_path, capsys):
     assert cli.main(["run", SLUG, "--preset", "smoke", "--results-dir", str(tmp_path), flag, value]) == 2
@@ -171,10 +171,10 @@ def test_bad_values_fail_with_exit_code_2_naming_the_flag(flag, value, message, 
 
 
 def test_an_experiments_own_check_names_the_flag_too(tmp_path, capsys):
-    # ffd's __post_init__ raises "answer_len must be >= 2 ..."; the CLI (not tyro's box) reports the flag.
-    assert cli.main(["run", "ffd", "--preset", "smoke", "--results-dir", str(tmp_path), "--answer-len", "1"]) == 2
+    # ffd's __post_init__ raises "lm.answer_len must be >= 2 ..."; the CLI (not tyro's box) reports the flag.
+    assert cli.main(["run", "ffd", "--preset", "smoke", "--results-dir", str(tmp_path), "--lm.answer-len", "1"]) == 2
     err = capsys.readouterr().err
-    assert "error: bad config for 'ffd' [smoke]: --answer-len must be >= 2" in err, err
+    assert "error: bad config for 'ffd' [smoke]: --lm.answer-len must be >= 2" in err, err
     assert not list(tmp_path.iterdir())
 
 
@@ -226,7 +226,7 @@ def test_check_config_names_nested_fields_and_the_cli_spells_them_as_flags():
     assert msg == "warmup_steps must be in [0, total_steps=6]; got 9"  # not fields of Outer: unchanged
     cfg = registry.get(SLUG).config("smoke")
     msg = cli._flag_message(ValueError("warmup_steps must be <= num_steps; got warmup_steps=9"), cfg)
-    assert msg == "--warmup-steps must be <= --num-steps; got --warmup-steps=9"
+    assert msg == "--train.warmup-steps must be <= --train.num-steps; got --train.warmup-steps=9"
 
 
 # ---------------------------------------------------------------- 5. overrides after a smoke run just work
@@ -234,16 +234,16 @@ def test_check_config_names_nested_fields_and_the_cli_spells_them_as_flags():
 
 def test_override_after_a_smoke_run_gets_its_own_run_directory_and_resumes_there(smoke_run, capsys):
     results, _ = smoke_run
-    argv = ["run", SLUG, "--preset", "smoke", "--results-dir", str(results), "--num-steps", "3",
-            "--eval-examples", "4", "--eval-batch-size", "4"]
+    argv = ["run", SLUG, "--preset", "smoke", "--results-dir", str(results), "--train.num-steps", "3",
+            "--eval.examples", "4", "--eval.batch-size", "4"]
     assert cli.main(argv) == 0  # the smoke run's checkpoint has another fingerprint: not touched
     dirs = sorted(p.name for p in (results / SLUG).iterdir())
     assert len(dirs) == 2 and dirs[0] == "smoke" and dirs[1].startswith("smoke-")
     first = json.loads((results / SLUG / dirs[1] / "result.json").read_text())
-    assert first["config"]["num_steps"] == 3 and first["metrics"]["resumed_from_step"] == -1
+    assert first["config"]["train"]["num_steps"] == 3 and first["metrics"]["resumed_from_step"] == -1
     capsys.readouterr()
     # The same overrides in another order: the same directory, resumed from its finished checkpoint.
-    argv2 = argv[:6] + ["--eval-batch-size", "4", "--eval-examples", "4", "--num-steps", "3"]
+    argv2 = argv[:6] + ["--eval.batch-size", "4", "--eval.examples", "4", "--train.num-steps", "3"]
     assert cli.main(argv2) == 0
     assert sorted(p.name for p in (results / SLUG).iterdir()) == dirs
     again = json.loads((results / SLUG / dirs[1] / "result.json").read_text())

@@ -57,9 +57,9 @@ def test_checks_have_the_fields_and_judge_the_accuracy_rule():
     c = exp.EXPERIMENT.config("smoke")
     row = lambda acc, kept=0.3: {"accuracy": acc, "agreement": 1.0, "kept": kept, "kept_per_layer": [kept, kept]}
     rows = {"dense": row(1.0, 1.0)}
-    for d in c.lm_deltas:
+    for d in c.lm.deltas:
         rows |= {f"ffd d={d:g}": row(1.0), f"top_k d={d:g}": row(0.5), f"quest d={d:g}": row(1.0)}
-    rows[f"ffd d={c.main_delta:g}"] = row(0.97)  # 3 points below dense: beyond the 2-point tolerance
+    rows[f"ffd d={c.checks.main_delta:g}"] = row(0.97)  # 3 points below dense: beyond the 2-point tolerance
     checks = exp.workload_checks(c, "record", {"rows": rows, "dense_accuracy": 1.0})
     for ch in checks:
         assert set(ch.as_dict()) == {"name", "measured", "paper", "threshold", "passed", "note", "required"}
@@ -71,11 +71,11 @@ def test_checks_have_the_fields_and_judge_the_accuracy_rule():
 
 
 def test_config_rejects_bad_fields():
-    with pytest.raises(ValueError, match="workloads"):
-        exp.Config(workloads=("copy", "poem"))
-    with pytest.raises(ValueError, match="lm_deltas"):
-        exp.Config(lm_deltas=(2.0, 7.0))
-    with pytest.raises(ValueError, match="answer_len"):
-        exp.Config(answer_len=1)
-    with pytest.raises(ValueError, match="main_delta"):
-        dataclasses.replace(exp.Config(), main_delta=4.0)
+    with pytest.raises(ValueError, match="lm.workloads"):
+        exp.Config(lm=exp.LMSection(workloads=("copy", "poem")))
+    with pytest.raises(ValueError, match="lm.deltas"):
+        exp.Config(lm=exp.LMSection(deltas=(2.0, 7.0)))
+    with pytest.raises(ValueError, match="lm.answer_len"):
+        exp.Config(lm=exp.LMSection(answer_len=1))
+    with pytest.raises(ValueError, match="checks.main_delta"):
+        dataclasses.replace(exp.Config(), checks=dataclasses.replace(exp.Config().checks, main_delta=4.0))

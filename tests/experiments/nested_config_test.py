@@ -31,6 +31,11 @@ OVERRIDES = {
     "router_interp": ("--sae.steps", "120", "sae", "steps", 120, "--lm.model.moe.num-experts"),
     "ppm": ("--loss.bandwidth", "0.1", "loss", "bandwidth", 0.1, "--ddpm.diffusion-steps"),
     "staged_vlm": ("--plan.curriculum-k", "3", "plan", "curriculum_k", 3, "--rl.kl-coef"),
+    "camp": ("--pref.steps", "5", "pref", "steps", 5, "--world.num-entities"),
+    "rosa2": ("--train.steps", "20", "train", "steps", 20, "--rosa.cg-iters"),
+    "style_heads": ("--train.num-steps", "20", "train", "num_steps", 20, "--steer.head-counts"),
+    "lm_arithmetic": ("--task.operations", "+ -", "task", "operations", ("+", "-"), "--eval.batch-size"),
+    "ffd": ("--lm.answer-len", "4", "lm", "answer_len", 4, "--synth.needle-gaps"),
 }
 
 
@@ -91,6 +96,11 @@ def test_help_lists_the_nested_fields(slug, capsys):
     ("ppm", "--data.noises", "laplace", "--data.noises must be a non-empty subset of ('gaussian', 'bimodal'); got "
      "('laplace',)"),
     ("staged_vlm", "--rl.iterations", "2", "--rl.iterations must be >= 3 (one per stage); got 2"),
+    ("camp", "--pref.num-samples", "0", "--pref.num-samples must be >= 1; got 0"),
+    ("rosa2", "--users.prior-trust", "1.0", "--users.prior-trust must lie in (0, 1); got 1.0"),
+    ("style_heads", "--checks.claimed-heads", "3", "--checks.claimed-heads must be one of steer.head_counts=(1, 2); got 3"),
+    ("lm_arithmetic", "--train.num-steps", "0", "--train.num-steps must be >= 1; got 0"),
+    ("ffd", "--checks.main-delta", "3.0", "--checks.main-delta must be one of synth.deltas (2.0, 5.0); got 3.0"),
 ])
 def test_a_bad_nested_value_names_its_flag(slug, flag, value, message, tmp_path, capsys):
     assert cli.main(["run", slug, "--preset", "smoke", "--results-dir", str(tmp_path), flag, value]) == 2

@@ -134,10 +134,10 @@ def test_cli_override_reaches_the_config(monkeypatch, tmp_path):
 
     monkeypatch.setattr(report, "run_experiment", fake_run)
     monkeypatch.setattr(report, "write_report", lambda d: pathlib.Path(d) / "REPORT.md")
-    argv = ["run", "lm_arithmetic", "--preset", "smoke", "--results-dir", str(tmp_path), "--num-steps", "3",
-            "--operations", "+", "-"]
+    argv = ["run", "lm_arithmetic", "--preset", "smoke", "--results-dir", str(tmp_path), "--train.num-steps",
+            "3", "--task.operations", "+", "-"]
     assert cli.main(argv) == 0
-    assert seen["config"].num_steps == 3 and seen["config"].operations == ("+", "-")
+    assert seen["config"].train.num_steps == 3 and seen["config"].task.operations == ("+", "-")
     assert seen["config"].model.d_model == registry.get("lm_arithmetic").config("smoke").model.d_model
 
 
