@@ -116,6 +116,18 @@ def padded_rows(rows: int, implementation: str) -> int:
     return -(-rows // 8) * 8
 
 
+# Scoped VMEM a kernel's pipelined blocks may take on TPU by default: v5e's scoped limit is 16 MiB (v6e:
+# 32 MiB); the rest is left for the other operands and the compiler's scratch.
+TPU_BLOCK_VMEM_BUDGET = 12 * 2**20
+
+
+def tpu_tile_bytes(rows: int, lanes: int, itemsize: int) -> int:
+    """VMEM bytes of a [rows, lanes] slab (a block's last two dims) on TPU: tiles of 8 sublanes of 32 bits
+    (8 rows of float32, 16 of bfloat16, 32 of uint8) by 128 lanes, so narrow last dims pad to 128."""
+    sub = 8 * max(1, 4 // itemsize)
+    return -(-rows // sub) * sub * -(-lanes // 128) * 128 * itemsize
+
+
 def pad_axis(a: jax.Array, axis: int, size: int, value=0) -> jax.Array:
     """`a` padded with `value` at the end of `axis` up to `size` (unchanged when already that size)."""
     if a.shape[axis] == size:

@@ -262,7 +262,6 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
     ("grouped_matmul.up_8x2048x5632_backward", "v6e"): _VMEM + " (input-gradient matmul)",
     ("grouped_matmul.down_8x5632x2048", "v5e"): _VMEM,
     ("grouped_matmul.down_8x5632x2048", "v6e"): _VMEM,
-    ("ffd_decode.ffd_decode_32k", "v5e"): _VMEM + " (new since the issue's survey)",
     ("qvg.qvg_attention_span_8k", "v5e"): _VMEM + ": each program holds the whole span",
     ("qvg.qvg_attention_span_8k", "v6e"): _VMEM + ": each program holds the whole span",
     ("qvg.qvg_attention_span_32k", "v5e"): _VMEM + ": each program holds the whole span",

@@ -31,6 +31,17 @@ from primitives import ffd as ffd_ref
 __all__ = ["ffd_decode"]
 
 
+def _tpu_page_bytes(cache: ffd_ref.FFDCache) -> int:
+    """VMEM bytes one page takes in a program's input blocks on TPU (codes, residual, values, scales),
+    double-buffered by the pipeline."""
+    bs, dp, n = cache.page_size, cache.codes.shape[-1], 8 // cache.bits
+    one = (_backend.tpu_tile_bytes(bs, dp, cache.codes.dtype.itemsize)
+           + _backend.tpu_tile_bytes(bs, cache.residual.shape[-1], cache.residual.dtype.itemsize)
+           + _backend.tpu_tile_bytes(bs, cache.values.shape[-1], cache.values.dtype.itemsize)
+           + n * _backend.tpu_tile_bytes(1, dp, cache.scales.dtype.itemsize))
+    return 2 * one
+
+
 @functools.partial(jax.jit, static_argnames=("delta", "use_residual", "block_sizes", "implementation", "interpret"))
 def ffd_decode(q: jax.Array, cache: ffd_ref.FFDCache, *, delta: float = 5.0, use_residual: bool = True,
                block_sizes: FFDBlockSizes | None = None, implementation: str | None = None,
@@ -56,7 +67,8 @@ def ffd_decode(q: jax.Array, cache: ffd_ref.FFDCache, *, delta: float = 5.0, use
         return ffd_ref.ffd_decode(q, cache, delta=delta, use_residual=use_residual)
     th = ffd_ref.reference_threshold(q, cache, delta)  # [b, k, g]; validates delta and shapes
     g = h // kh
-    cfg = block_sizes or FFDBlockSizes.default(num_pages=p, batch=b, kv_heads=kh)
+    cfg = block_sizes or FFDBlockSizes.default(num_pages=p, batch=b, kv_heads=kh,
+                                               page_vmem_bytes=_tpu_page_bytes(cache) if impl == "pallas_tpu" else 0)
     cfg.validate(impl, page_size=bs, head_dim=d, bits=cache.bits)
     gp = _backend.padded_rows(g, impl)
     qg = jnp.pad(q.reshape(b, kh, g, d), ((0, 0), (0, 0), (0, gp - g), (0, 0)))

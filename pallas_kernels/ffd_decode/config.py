@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from pallas_kernels._backend import TPU_BLOCK_VMEM_BUDGET
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FFDBlockSizes:
@@ -31,7 +33,13 @@ class FFDBlockSizes:
             raise ValueError(f"TPU needs page_size a multiple of 8; got page_size={page_size}")
 
     @classmethod
-    def default(cls, *, num_pages: int, batch: int, kv_heads: int) -> "FFDBlockSizes":
-        """Enough splits for ~128 programs in flight, capped by the page count (and 128)."""
+    def default(cls, *, num_pages: int, batch: int, kv_heads: int, page_vmem_bytes: int = 0) -> "FFDBlockSizes":
+        """Enough splits for ~128 programs in flight, capped by the page count (and 128); with
+        `page_vmem_bytes` (a page's VMEM in one program's blocks, TPU), more splits until a split's pages
+        fit `_backend.TPU_BLOCK_VMEM_BUDGET` (2 splits of a 32k-token cache took 20 MiB > v5e's 16 MiB)."""
         want = max(1, 128 // max(batch * kv_heads, 1))
-        return cls(num_splits=max(1, min(want, num_pages, 128)))
+        splits = max(1, min(want, num_pages, 128))
+        while page_vmem_bytes and splits < num_pages and -(-num_pages // splits) * page_vmem_bytes > \
+                TPU_BLOCK_VMEM_BUDGET:
+            splits *= 2
+        return cls(num_splits=min(splits, num_pages))

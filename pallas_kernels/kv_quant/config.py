@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pallas_kernels._backend import is_power_of_two
+from pallas_kernels._backend import TPU_BLOCK_VMEM_BUDGET, is_power_of_two, tpu_tile_bytes
 from pallas_kernels.decode_attention.config import DecodeBlockSizes
 
 
@@ -42,36 +42,26 @@ class QuantizeBlockSizes:
 QuantDecodeBlockSizes = DecodeBlockSizes
 
 
-# Scoped VMEM a quantized-decode program may use for its cache blocks on TPU: v5e's default scoped limit
-# is 16 MiB (v6e: 32 MiB); the rest is left for the query, the outputs and the compiler's scratch.
-TPU_CACHE_VMEM_BUDGET = 12 * 2**20
-
-
 def tpu_block_bytes_per_key(arrays) -> int:
     """VMEM bytes one cached token takes in a program's blocks on TPU, summed over the cache arrays.
 
-    A block [split_len, kh, last] is laid out in (sublane, 128-lane) tiles over its last two dims, with
-    8 sublanes of 32 bits (8 rows of float32, 16 of bfloat16, 32 of uint8): the narrow last dims of packed
-    codes, scales and zeros pad to 128 lanes, which makes a quantized cache far larger in VMEM than in
-    HBM. (Checked against Mosaic's scoped allocation for the production case in `pallas_kernels.aot`.)
+    A block [split_len, kh, last] is laid out in tiles over its last two dims (`_backend.tpu_tile_bytes`):
+    the narrow last dims of packed codes, scales and zeros pad to 128 lanes, which makes a quantized cache
+    far larger in VMEM than in HBM. (Checked against Mosaic's scoped allocation for the production case in
+    `pallas_kernels.aot`.)
     """
-    total = 0
-    for a in arrays:
-        kh, last, item = a.shape[-2], a.shape[-1], a.dtype.itemsize
-        rows = 8 * max(1, 4 // item)
-        total += -(-kh // rows) * rows * -(-last // 128) * 128 * item
-    return total
+    return sum(tpu_tile_bytes(a.shape[-2], a.shape[-1], a.dtype.itemsize) for a in arrays)
 
 
 def quant_decode_default(*, seq_len: int, batch: int, cache, implementation: str) -> DecodeBlockSizes:
     """The dense shell's default tiling, with more splits on TPU until each split's cache blocks fit
-    `TPU_CACHE_VMEM_BUDGET` (the 40 MiB that 16 splits of a 32k-token cache took failed to compile)."""
+    `_backend.TPU_BLOCK_VMEM_BUDGET` (the 40 MiB that 16 splits of a 32k-token cache took failed to compile)."""
     bs = DecodeBlockSizes.default(seq_len=seq_len, batch=batch, implementation=implementation)
     if implementation != "pallas_tpu":
         return bs
     per_key = tpu_block_bytes_per_key(cache)
     tiles = max(1, -(-seq_len // bs.block_k))
     splits = bs.num_splits
-    while splits < tiles and -(-seq_len // splits) * per_key > TPU_CACHE_VMEM_BUDGET:
+    while splits < tiles and -(-seq_len // splits) * per_key > TPU_BLOCK_VMEM_BUDGET:
         splits *= 2
     return dataclasses.replace(bs, num_splits=min(splits, tiles))

@@ -84,3 +84,24 @@ def test_cost_model_counts():
     elems = 1024 * 2 * 64
     assert c.flops == 2 * 8 * 1024 * 64 * (1 + 2 * 0.25)
     assert c.bytes_accessed == elems / 4 + 8 * 2 * 64 * 4 + 0.25 * elems * 3 + 2 * 8 * 64 * 4
+
+
+def test_tpu_default_splits_keep_a_split_s_pages_within_scoped_vmem():
+    """At the production case of `pallas_kernels.aot` (batch 8, 8 KV heads, 256 pages of 128 tokens),
+    the program-count default (2 splits) took 20.12 MiB of scoped VMEM on v5e (limit 16 MiB); with the
+    page's VMEM given, the default splits until a split's pages fit the budget. Without it (other
+    backends) the default is unchanged."""
+    from pallas_kernels import _backend
+    from pallas_kernels.ffd_decode import api, config
+
+    s = 32768
+    sd = jax.ShapeDtypeStruct
+    cache = jax.eval_shape(lambda k, v, n: ref.build_cache(k, v, n, page_size=128, residual_dtype=jnp.bfloat16),
+                           sd((8, s, 8, 128), jnp.bfloat16), sd((8, s, 8, 128), jnp.bfloat16), sd((8,), jnp.int32))
+    plain = config.FFDBlockSizes.default(num_pages=256, batch=8, kv_heads=8)
+    assert plain.num_splits == 2
+    per_page = api._tpu_page_bytes(cache)
+    bs = config.FFDBlockSizes.default(num_pages=256, batch=8, kv_heads=8, page_vmem_bytes=per_page)
+    assert bs.num_splits > plain.num_splits
+    assert -(-256 // bs.num_splits) * per_page <= _backend.TPU_BLOCK_VMEM_BUDGET
+    assert -(-256 // (bs.num_splits // 2)) * per_page > _backend.TPU_BLOCK_VMEM_BUDGET  # the fewest that fit

@@ -224,7 +224,7 @@ def test_tpu_default_splits_keep_the_cache_blocks_within_scoped_vmem():
     assert dense.num_splits == 16
     bs = config.quant_decode_default(seq_len=32768, batch=8, cache=cache, implementation="pallas_tpu")
     assert bs.block_k == dense.block_k and bs.num_splits == 64
-    assert 32768 // bs.num_splits * config.tpu_block_bytes_per_key(cache) <= config.TPU_CACHE_VMEM_BUDGET
+    assert 32768 // bs.num_splits * config.tpu_block_bytes_per_key(cache) <= _backend.TPU_BLOCK_VMEM_BUDGET
     assert config.quant_decode_default(seq_len=32768, batch=8, cache=cache,
                                        implementation="pallas_triton") == DecodeBlockSizes.default(
         seq_len=32768, batch=8, implementation="pallas_triton")
