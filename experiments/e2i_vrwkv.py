@@ -22,22 +22,22 @@ Setup (CPU scale, nothing downloaded; spec (d)):
      (the model with every light-field block off); ``vit`` = the attention baseline,
      `algorithms.vision.e2i_vrwkv.AttentionSegmenter` (a `models.vit.ViT` as the token mixer) on the
      centre view, at a parameter count between the plain and the full model.
-  3. Training: AdamW, warmup + cosine, per-pixel cross-entropy, ``train_steps`` steps of ``batch_size``
+  3. Training: AdamW, warmup + cosine, per-pixel cross-entropy, ``train.steps`` steps of ``train.batch_size``
      scenes; seeds vary the initialisation and batch order. Metric: mIoU over the 4 classes on the
      centre view of the test scenes (and per-class IoU).
   4. Cost: modeled forward FLOPs (`pallas_kernels.wkv.cost.bi_wkv_cost` for every Bi-WKV,
      `pallas_kernels.flash_attention.cost.flash_cost` for attention, 2 x fan_in x fan_out per token for
-     every linear map) and the measured wall time of one jitted forward pass (batch ``timing_batch``,
-     best of ``timing_repeats``) at image sides ``cost_sizes`` (T = 64, 256, 1024 patches).
+     every linear map) and the measured wall time of one jitted forward pass (batch ``cost.timing_batch``,
+     best of ``cost.timing_repeats``) at image sides ``cost.sizes`` (T = 64, 256, 1024 patches).
 
 Checks (thresholds fixed before the run). For variants A, B with per-seed mIoU differences d_s
 (paired by seed), d = mean_s d_s, SE = std(d_s, ddof=1) / sqrt(S); "A above B by more than seed noise"
-passes when d > max(2 SE, ``min_gain``):
+passes when d > max(2 SE, ``checks.min_gain``):
 
   * required: full above plain VRWKV (the abstract's headline: the LF additions help);
   * required: full above each single-block ablation (no_prior, no_ecma, no_gate): "each block
     contributes" (the abstract lists the three blocks as the contributions);
-  * required: linear cost: the log-log slope of the full model's modeled FLOPs vs T over ``cost_sizes``
+  * required: linear cost: the log-log slope of the full model's modeled FLOPs vs T over ``cost.sizes``
     is <= 1.1, while the attention baseline's token mixer (attention alone) has slope >= 1.9 (a
     consistency check of the cost models: linear vs quadratic, as the claim states);
   * not required: the measured forward-time slope of the full model below the ViT's (wall time on a
@@ -48,6 +48,13 @@ Cause classes when not reproduced (decided before the run): "scale" when the ful
 plain one but some difference stays within noise (few seeds, ~10^4-parameter models, a few hundred
 steps), "spec" when an ablation is significantly above the full model (the reconstruction of the
 block hurts), "bug" for a failed cost check.
+
+    python -m experiments run e2i_vrwkv --preset smoke   # seconds, used by the tests
+    python -m experiments run e2i_vrwkv --preset quick   # 2 CPU cores, a few minutes
+    python -m experiments run e2i_vrwkv --preset smoke --train.steps 5   # one field of a config section
+
+Config sections (`run e2i_vrwkv --help` lists every field): data, model, vit, train, checks, cost; seeds and
+variants are top-level.
 """
 
 from __future__ import annotations
@@ -82,66 +89,131 @@ SWITCHES = {"full": {}, "no_prior": {"epi_prior": False}, "no_ecma": {"ecma": Fa
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """e2i_vrwkv settings (every field can be overridden on the command line)."""
+class DataSection:
+    """The procedural light fields: views x views sub-aperture images per scene (``--data.num-train 512``)."""
 
-    # data
     image_size: int = 32
     views: int = 3
     num_train: int = 1024
     num_test: int = 256
-    data_seed: int = 0
-    # models
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    """The VRWKV backbone and the light-field blocks (``--model.d-model 64``); `patch_size` is shared with the ViT."""
+
     patch_size: int = 4
     d_model: int = 32
     num_layers: int = 2
     prior_dim: int = 8
-    vit_d_model: int = 40
-    vit_num_heads: int = 4
-    vit_num_layers: int = 2
-    # training
-    train_steps: int = 300
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VitSection:
+    """The attention baseline's ViT token mixer (``--vit.num-heads 2``)."""
+
+    d_model: int = 40
+    num_heads: int = 4
+    num_layers: int = 2
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """AdamW with warmup + cosine, the same budget for every variant and seed (``--train.steps 100``)."""
+
+    steps: int = 300
     batch_size: int = 16
     learning_rate: float = 3e-3
     weight_decay: float = 1e-4
-    seeds: tuple[int, ...] = (0, 1)
-    variants: tuple[str, ...] = VARIANTS
-    # checks
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ChecksSection:
+    """The paired-seed comparisons (``--checks.min-gain 0.02``)."""
+
     min_gain: float = 0.01  # mIoU a "more than seed noise" gain must also exceed
-    # cost
-    cost_sizes: tuple[int, ...] = (32, 64, 128)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CostSection:
+    """Modeled FLOPs and measured forward time at several image sides (``--cost.sizes 32 64``)."""
+
+    sizes: tuple[int, ...] = (32, 64, 128)
     timing_batch: int = 4
     timing_repeats: int = 3
     measure_time: bool = True  # measured forward wall time (off in the smoke preset: compile time)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """e2i_vrwkv settings, in sections overridden on the command line as ``--train.steps 100``."""
+
+    data: DataSection = DataSection()
+    model: ModelSection = ModelSection()
+    vit: VitSection = VitSection()
+    train: TrainSection = TrainSection()
+    seeds: tuple[int, ...] = (0, 1)
+    variants: tuple[str, ...] = VARIANTS
+    checks: ChecksSection = ChecksSection()
+    cost: CostSection = CostSection()
     progress: bool = True
 
     def __post_init__(self):
+        err, patch = registry.ConfigError, self.model.patch_size
         bad = [v for v in self.variants if v not in VARIANTS]
         if bad or not {"full", "plain"} <= set(self.variants):
-            raise ValueError(f"variants must be a subset of {VARIANTS} holding 'full' and 'plain'; got {self.variants}")
+            raise err("variants", f"must be a subset of {VARIANTS} holding 'full' and 'plain'; got {self.variants}")
         if len(self.seeds) < 2 or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must hold >= 2 distinct seeds (a seed-noise estimate); got {self.seeds}")
-        if len(self.cost_sizes) < 2 or any(s % self.patch_size for s in self.cost_sizes):
-            raise ValueError(f"cost_sizes must hold >= 2 multiples of patch_size={self.patch_size}; got "
-                             f"{self.cost_sizes}")
-        if self.image_size % self.patch_size:
-            raise ValueError(f"patch_size ({self.patch_size}) must divide image_size ({self.image_size})")
-        if self.min_gain < 0:
-            raise ValueError(f"min_gain must be >= 0; got {self.min_gain}")
+            raise err("seeds", f"must hold >= 2 distinct seeds (a seed-noise estimate); got {self.seeds}")
+        if len(self.cost.sizes) < 2 or any(s % patch for s in self.cost.sizes):
+            raise err("cost.sizes", f"must hold >= 2 multiples of model.patch_size={patch}; got {self.cost.sizes}")
+        if self.data.image_size % patch:
+            raise err("model.patch_size", f"must divide data.image_size ({self.data.image_size}); got {patch}")
+        if self.checks.min_gain < 0:
+            raise err("checks.min_gain", f"must be >= 0; got {self.checks.min_gain}")
+        if self.train.steps < 1:
+            raise err("train.steps", f"must be >= 1; got {self.train.steps}")
+
+
+# The flat field names the config had before it was split into sections, in their old order: the per-run
+# cache key holds them, so runs cached before the split stay valid.
+_FLAT_FIELDS = (
+    ("image_size", "data.image_size"), ("views", "data.views"), ("num_train", "data.num_train"),
+    ("num_test", "data.num_test"), ("data_seed", "data.seed"), ("patch_size", "model.patch_size"),
+    ("d_model", "model.d_model"), ("num_layers", "model.num_layers"), ("prior_dim", "model.prior_dim"),
+    ("vit_d_model", "vit.d_model"), ("vit_num_heads", "vit.num_heads"), ("vit_num_layers", "vit.num_layers"),
+    ("train_steps", "train.steps"), ("batch_size", "train.batch_size"), ("learning_rate", "train.learning_rate"),
+    ("weight_decay", "train.weight_decay"), ("seeds", "seeds"), ("variants", "variants"),
+    ("min_gain", "checks.min_gain"), ("cost_sizes", "cost.sizes"), ("timing_batch", "cost.timing_batch"),
+    ("timing_repeats", "cost.timing_repeats"), ("measure_time", "cost.measure_time"), ("progress", "progress"),
+)
+
+
+def _cache_fields(c: Config) -> dict:
+    """The config part of a run's cache key: the pre-sections flat fields by their old names, all but the
+    ones a run's result does not depend on (progress and the cost settings)."""
+    def get(path):
+        obj = c
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        return obj
+    skip = ("progress", "cost_sizes", "timing_batch", "timing_repeats")
+    return {old: get(path) for old, path in _FLAT_FIELDS if old not in skip}
 
 
 # ------------------------------------------------------------------ models
 
 
 def backbone_config(c: Config, image_size: int | None = None) -> vr.VRWKVConfig:
-    return vr.VRWKVConfig(image_size=image_size or c.image_size, patch_size=c.patch_size,
-                          num_classes=lf.NUM_CLASSES, d_model=c.d_model, num_layers=c.num_layers)
+    return vr.VRWKVConfig(image_size=image_size or c.data.image_size, patch_size=c.model.patch_size,
+                          num_classes=lf.NUM_CLASSES, d_model=c.model.d_model, num_layers=c.model.num_layers)
 
 
 def vit_config(c: Config, image_size: int | None = None) -> vit_lib.ViTConfig:
-    return vit_lib.ViTConfig(image_size=image_size or c.image_size, patch_size=c.patch_size, num_classes=1,
-                             d_model=c.vit_d_model, num_heads=c.vit_num_heads, d_ff=4 * c.vit_d_model,
-                             num_layers=c.vit_num_layers, pooling="mean")
+    return vit_lib.ViTConfig(image_size=image_size or c.data.image_size, patch_size=c.model.patch_size, num_classes=1,
+                             d_model=c.vit.d_model, num_heads=c.vit.num_heads, d_ff=4 * c.vit.d_model,
+                             num_layers=c.vit.num_layers, pooling="mean")
 
 
 def make_model(c: Config, variant: str, seed: int, image_size: int | None = None) -> nnx.Module:
@@ -152,7 +224,7 @@ def make_model(c: Config, variant: str, seed: int, image_size: int | None = None
         return vr.VRWKVSegmenter(backbone_config(c, image_size), rngs=rngs)
     if variant == "vit":
         return e2i.AttentionSegmenter(vit_config(c, image_size), lf.NUM_CLASSES, rngs=rngs)
-    cfg = e2i.E2IConfig(backbone=backbone_config(c, image_size), views=c.views, prior_dim=c.prior_dim,
+    cfg = e2i.E2IConfig(backbone=backbone_config(c, image_size), views=c.data.views, prior_dim=c.model.prior_dim,
                         **SWITCHES[variant])
     return e2i.E2IVRWKV(cfg, rngs=rngs)
 
@@ -185,8 +257,8 @@ def active_params(model: nnx.Module, variant: str) -> int:
 
 
 def _data(c: Config):
-    train = lf.make_light_fields(c.num_train, seed=c.data_seed, size=c.image_size, views=c.views)
-    test = lf.make_light_fields(c.num_test, seed=c.data_seed + 10_000, size=c.image_size, views=c.views)
+    train = lf.make_light_fields(c.data.num_train, seed=c.data.seed, size=c.data.image_size, views=c.data.views)
+    test = lf.make_light_fields(c.data.num_test, seed=c.data.seed + 10_000, size=c.data.image_size, views=c.data.views)
     return train, test
 
 
@@ -199,11 +271,11 @@ def train_eval(c: Config, variant: str, seed: int, train, test) -> dict:
     x_train, x_test = model_input(variant, train.views), model_input(variant, test.views)
 
     def batch_fn(i: int) -> dict:
-        idx = np.random.default_rng([seed, 11, int(i)]).integers(0, len(x_train), c.batch_size)
+        idx = np.random.default_rng([seed, 11, int(i)]).integers(0, len(x_train), c.train.batch_size)
         return {"input": x_train[idx], "labels": train.labels[idx]}
 
-    model, hist = e2i.train_segmenter(model, batch_fn, num_steps=c.train_steps, learning_rate=c.learning_rate,
-                                      weight_decay=c.weight_decay, progress=c.progress,
+    model, hist = e2i.train_segmenter(model, batch_fn, num_steps=c.train.steps, learning_rate=c.train.learning_rate,
+                                      weight_decay=c.train.weight_decay, progress=c.progress,
                                       desc=f"e2i_vrwkv {variant} s{seed}")
     pred = e2i.predict(model, x_test)
     miou, iou = e2i.mean_iou(e2i.confusion_matrix(pred, test.labels, lf.NUM_CLASSES))
@@ -219,47 +291,49 @@ def modeled_flops(c: Config, variant: str, image_size: int) -> dict[str, float]:
     """Forward FLOPs of one image: {"total", "mixer"} (mixer = Bi-WKV or attention; linear maps 2 fan_in fan_out
     per token; the E2I extras include the angular stem per cross view, the EGPG's per-pixel MLP, LF-ECMA's two
     scans and the gate)."""
-    p, D, L = c.patch_size, c.d_model, c.num_layers
+    p, D, L = c.model.patch_size, c.model.d_model, c.model.num_layers
     T = (image_size // p) ** 2
     pix = image_size ** 2
     if variant == "vit":
-        Dv = c.vit_d_model
+        Dv = c.vit.d_model
         lin = L * T * 2 * (4 * Dv * Dv + 2 * Dv * 4 * Dv) + T * 2 * (p * p * Dv + Dv * p * p * lf.NUM_CLASSES)
-        mixer = L * flash_cost(batch=1, q_len=T, kv_len=T, num_heads=c.vit_num_heads, num_kv_heads=c.vit_num_heads,
-                               head_dim=Dv // c.vit_num_heads, itemsize=4, causal=False).flops
+        mixer = L * flash_cost(batch=1, q_len=T, kv_len=T, num_heads=c.vit.num_heads, num_kv_heads=c.vit.num_heads,
+                               head_dim=Dv // c.vit.num_heads, itemsize=4, causal=False).flops
         return {"total": float(lin + mixer), "mixer": float(mixer)}
     wkv = bi_wkv_cost(batch=1, seq_len=T, channels=D).flops
     block_lin = T * 2 * (4 * D * D + 2 * D * 4 * D + D * D)  # spatial k, v, r, o; channel k, v, r
     lin = L * block_lin + T * 2 * (p * p * D + D * p * p * lf.NUM_CLASSES)
     mixer = L * wkv
     if variant != "plain":
-        n_cross = 2 * c.views - 1
+        n_cross = 2 * c.data.views - 1
         lin += n_cross * T * 2 * (2 * p * p * D + D * D) + block_lin  # angular stem + its VRWKV block
         mixer += wkv
         sw = SWITCHES[variant]
         if sw.get("epi_prior", True):
-            fan_in = 2 * c.views * 3 + 4
-            lin += pix * 2 * (fan_in * 2 * c.prior_dim + 2 * c.prior_dim * c.prior_dim)
+            fan_in = 2 * c.data.views * 3 + 4
+            lin += pix * 2 * (fan_in * 2 * c.model.prior_dim + 2 * c.model.prior_dim * c.model.prior_dim)
         if sw.get("ecma", True):
-            lin += T * 2 * (4 * D * D + c.prior_dim * D)
+            lin += T * 2 * (4 * D * D + c.model.prior_dim * D)
             mixer += 2 * wkv  # row and column order
         else:
-            lin += T * 2 * (D * D + c.prior_dim * D)
+            lin += T * 2 * (D * D + c.model.prior_dim * D)
         if sw.get("gate", True):
-            lin += T * 2 * (2 * D * D + c.prior_dim * D)
+            lin += T * 2 * (2 * D * D + c.model.prior_dim * D)
     return {"total": float(lin + mixer), "mixer": float(mixer)}
 
 
 def measure_forward(c: Config, variant: str, image_size: int) -> float:
-    """Best-of-`timing_repeats` wall seconds of one jitted forward pass of batch `timing_batch` (compile excluded)."""
+    """Best-of-`cost.timing_repeats` wall seconds of one jitted forward pass of batch `cost.timing_batch`
+    (compile excluded)."""
     model = make_model(c, variant, 0, image_size)
-    views = jax.random.uniform(jax.random.key(0), (c.timing_batch, c.views, c.views, image_size, image_size))
+    views = jax.random.uniform(jax.random.key(0),
+                               (c.cost.timing_batch, c.data.views, c.data.views, image_size, image_size))
     x = jnp.asarray(model_input(variant, np.asarray(views)))
     graphdef, state = nnx.split(model)
     fwd = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
     jax.block_until_ready(fwd(state, x))
     best = math.inf
-    for _ in range(c.timing_repeats):
+    for _ in range(c.cost.timing_repeats):
         t0 = time.perf_counter()
         jax.block_until_ready(fwd(state, x))
         best = min(best, time.perf_counter() - t0)
@@ -278,7 +352,7 @@ def paired(c: Config, res: dict, a: str, b: str) -> dict:
     """Paired-by-seed mIoU difference a - b: mean, SE, threshold and whether a is above b beyond noise."""
     d = np.array([ra["miou"] - rb["miou"] for ra, rb in zip(res[a], res[b])])
     se = float(d.std(ddof=1) / math.sqrt(d.size))
-    thr = max(2 * se, c.min_gain)
+    thr = max(2 * se, c.checks.min_gain)
     return {"diff": float(d.mean()), "se": se, "threshold": thr, "above": bool(d.mean() > thr),
             "below": bool(d.mean() < -thr), "per_seed": d.tolist()}
 
@@ -286,7 +360,7 @@ def paired(c: Config, res: dict, a: str, b: str) -> dict:
 def analyse(c: Config, res: dict, cost: dict) -> tuple[list[Check], dict, str | None, str]:
     comps = {}
     checks = []
-    rule = f"d > max(2 SE_seed, {c.min_gain})"
+    rule = f"d > max(2 SE_seed, {c.checks.min_gain})"
     comps["full_vs_plain"] = cp = paired(c, res, "full", "plain")
     checks.append(Check("mIoU gain of E2I-VRWKV over plain VRWKV", measured=round(cp["diff"], 4),
                         paper="LF blocks improve mIoU (86.55% UrbanLF-Real, SOTA)", threshold=rule,
@@ -298,8 +372,8 @@ def analyse(c: Config, res: dict, cost: dict) -> tuple[list[Check], dict, str | 
         checks.append(Check(f"mIoU drop when removing {LABELS[ab].removeprefix('w/o ')}", measured=round(cp["diff"], 4),
                             paper="each block contributes", threshold=rule, passed=cp["above"],
                             note=f"SE {cp['se']:.4f}"))
-    sizes = list(c.cost_sizes)
-    tokens = [(s // c.patch_size) ** 2 for s in sizes]
+    sizes = list(c.cost.sizes)
+    tokens = [(s // c.model.patch_size) ** 2 for s in sizes]
     slope_full = loglog_slope(tokens, [cost["flops"]["full"][i]["total"] for i in range(len(sizes))])
     slope_attn = loglog_slope(tokens, [cost["flops"]["vit"][i]["mixer"] for i in range(len(sizes))])
     cost_ok = slope_full <= 1.1 and slope_attn >= 1.9
@@ -332,7 +406,7 @@ def analyse(c: Config, res: dict, cost: dict) -> tuple[list[Check], dict, str | 
         else:
             cause_class = "scale"
             cause = ("differences within seed noise or below the minimum gain at 2 seeds, ~5x10^4-parameter models, "
-                     f"{c.train_steps} steps of {c.batch_size} scenes")
+                     f"{c.train.steps} steps of {c.train.batch_size} scenes")
     return checks, comps, cause_class, cause
 
 
@@ -349,16 +423,15 @@ def run(c: Config, workdir) -> dict:
     workdir = epath.Path(workdir)
     start = time.perf_counter()
     train, test = _data(c)
-    base = {k: v for k, v in dataclasses.asdict(c).items() if k not in ("progress", "cost_sizes", "timing_batch",
-                                                                         "timing_repeats")}
+    base = _cache_fields(c)
     res = {v: [] for v in c.variants}
     for v in c.variants:
         for s in c.seeds:
             res[v].append(cached(workdir, {"cfg": base, "variant": v, "seed": s},
                                   lambda: train_eval(c, v, s, train, test)))
-    cost = {"flops": {v: [modeled_flops(c, v, size) for size in c.cost_sizes] for v in set(c.variants) | {"vit"}},
-            "seconds": {v: [measure_forward(c, v, size) for size in c.cost_sizes] for v in ("full", "plain", "vit")
-                        if v in c.variants and c.measure_time}}
+    cost = {"flops": {v: [modeled_flops(c, v, size) for size in c.cost.sizes] for v in set(c.variants) | {"vit"}},
+            "seconds": {v: [measure_forward(c, v, size) for size in c.cost.sizes] for v in ("full", "plain", "vit")
+                        if v in c.variants and c.cost.measure_time}}
     checks, comps, cause_class, cause = analyse(c, res, cost)
     summary = {v: {"miou": float(np.mean([r["miou"] for r in rows])),
                    "miou_sd": float(np.std([r["miou"] for r in rows], ddof=1)),
@@ -367,9 +440,10 @@ def run(c: Config, workdir) -> dict:
                    "params": rows[0]["params"], "train_seconds": float(np.mean([r["seconds"] for r in rows]))}
                for v, rows in res.items()}
     plots = [_plot_bars(c, summary, res, workdir), _plot_cost(c, cost, workdir)]
-    context = (f"{c.num_train}/{c.num_test} procedural {c.views}x{c.views}-view light fields of {c.image_size}x"
-               f"{c.image_size}, 4 classes (near/far objects separable by disparity only), {c.train_steps} steps x "
-               f"{c.batch_size}, {len(c.seeds)} seeds; mIoU " + ", ".join(
+    d = c.data
+    context = (f"{d.num_train}/{d.num_test} procedural {d.views}x{d.views}-view light fields of {d.image_size}x"
+               f"{d.image_size}, 4 classes (near/far objects separable by disparity only), {c.train.steps} steps x "
+               f"{c.train.batch_size}, {len(c.seeds)} seeds; mIoU " + ", ".join(
                    f"{v} {summary[v]['miou']:.3f}" for v in c.variants)
                + "; near/far-object IoU full " + "/".join(f"{x:.2f}" for x in summary["full"]["iou"][1:3])
                + ", plain " + "/".join(f"{x:.2f}" for x in summary["plain"]["iou"][1:3])
@@ -378,8 +452,8 @@ def run(c: Config, workdir) -> dict:
         checks, claim="EPI prior, LF-ECMA and GC-Gate on a linear Vision-RWKV raise light-field segmentation mIoU, "
         "each block contributing, at linear cost", context=context, cause=cause, cause_class=cause_class)
     metrics = {"summary": summary, "per_seed": res, "comparisons": comps,
-               "cost": {"image_sizes": list(c.cost_sizes),
-                        "tokens": [(s // c.patch_size) ** 2 for s in c.cost_sizes], **cost},
+               "cost": {"image_sizes": list(c.cost.sizes),
+                        "tokens": [(s // c.model.patch_size) ** 2 for s in c.cost.sizes], **cost},
                "classes": list(lf.CLASSES), "seconds": round(time.perf_counter() - start, 1),
                "checks": [ch.as_dict() for ch in checks]}
     return {"metrics": metrics, "verdict": text, "reproduced": reproduced,
@@ -414,7 +488,7 @@ def _plot_bars(c: Config, summary: dict, res: dict, workdir) -> str:
 
 
 def _plot_cost(c: Config, cost: dict, workdir) -> str:
-    tokens = [(s // c.patch_size) ** 2 for s in c.cost_sizes]
+    tokens = [(s // c.model.patch_size) ** 2 for s in c.cost.sizes]
     fig, axes = plotting.subplots(1, 2, figsize=(11, 3.8))
     for v in ("full", "plain", "vit"):
         if v in cost["flops"]:
@@ -426,7 +500,7 @@ def _plot_cost(c: Config, cost: dict, workdir) -> str:
     axes[0].loglog(tokens, cost["flops"]["full"][0]["total"] * (ref / ref[0]) ** 2, "k--", lw=1, label="slope 2")
     axes[0].set(xlabel="tokens T (patches)", ylabel="modeled forward FLOPs / image", title="modeled cost vs size")
     axes[1].set(xlabel="tokens T (patches)", ylabel="seconds (best of repeats)",
-                title=f"measured forward, batch {c.timing_batch} (CPU, one run)")
+                title=f"measured forward, batch {c.cost.timing_batch} (CPU, one run)")
     for ax in axes:
         plotting.legend(ax, fontsize=7)
     return report.savefig(fig, workdir / "cost_vs_size.png")
@@ -436,14 +510,18 @@ EXPERIMENT = registry.Experiment(
     slug="e2i_vrwkv",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(image_size=16, num_train=32, num_test=8, d_model=8, num_layers=1, prior_dim=4,
-                                vit_d_model=8, vit_num_heads=2, vit_num_layers=1, train_steps=3, batch_size=4,
-                                variants=("full", "plain"), cost_sizes=(16, 32), timing_batch=1,
-                                timing_repeats=1, measure_time=False, progress=False),
+        "smoke": lambda: Config(
+            data=DataSection(image_size=16, num_train=32, num_test=8),
+            model=ModelSection(d_model=8, num_layers=1, prior_dim=4),
+            vit=VitSection(d_model=8, num_heads=2, num_layers=1),
+            train=TrainSection(steps=3, batch_size=4), variants=("full", "plain"),
+            cost=CostSection(sizes=(16, 32), timing_batch=1, timing_repeats=1, measure_time=False), progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(image_size=64, views=5, num_train=4096, num_test=512, d_model=64, num_layers=4,
-                                prior_dim=8, vit_d_model=72, vit_num_layers=4, train_steps=3000, batch_size=32,
-                                seeds=(0, 1, 2, 3, 4), cost_sizes=(64, 128, 256)),
+        "paper": lambda: Config(
+            data=DataSection(image_size=64, views=5, num_train=4096, num_test=512),
+            model=ModelSection(d_model=64, num_layers=4, prior_dim=8), vit=VitSection(d_model=72, num_layers=4),
+            train=TrainSection(steps=3000, batch_size=32), seeds=(0, 1, 2, 3, 4),
+            cost=CostSection(sizes=(64, 128, 256))),
     },
     run=run,
 )

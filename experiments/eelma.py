@@ -30,6 +30,9 @@ Recipe:
     python -m experiments run eelma --preset smoke     # seconds, used by the tests
     python -m experiments run eelma --preset quick     # a few minutes on 2 CPU cores
     python -m experiments run eelma --preset paper     # more episodes, steps and agents
+    python -m experiments run eelma --preset smoke --train.num-steps 20   # one field of a config section
+
+Config sections (`run eelma --help` lists every field): agents, data, model, train, eval; envs and seed are top-level.
 """
 
 from __future__ import annotations
@@ -63,42 +66,104 @@ _ROUNDOFF_BITS = 1e-4
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """eelma settings (every field can be overridden on the command line)."""
+class AgentsSection:
+    """The graded agents per environment: planner + random actions at each epsilon, lazy planners, a stuck agent."""
 
-    envs: tuple[str, ...] = _ENVS
     epsilons: tuple[float, ...] = (0.0, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85, 1.0)
     lazy: tuple[float, ...] = (0.5,)
     stuck: bool = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataSection:
+    """Logged episodes per agent and the (state, action, future) triples drawn from them (``--data.gamma 0.8``)."""
+
     gamma: float = 0.9
     train_episodes: int = 2000
     eval_episodes: int = 1000
     train_triples: int = 20_000
     eval_triples: int = 8192
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    """The hashed n-gram text encoder's width and the InfoNCE critics' sizes (``--model.hidden 64``)."""
+
     embed_dim: int = 256
     hidden: int = 128
     proj_dim: int = 64
     out_dim: int = 64
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """Adam training of the critics; `batch_size` is also the read-out's K (``--train.num-steps 500``)."""
+
     num_steps: int = 2000
     batch_size: int = 256
     learning_rate: float = 1e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """Per-state read-out and the rank-correlation check (``--eval.spearman-threshold 0.7``)."""
+
     min_state_samples: int = 30
     bootstrap: int = 2000
     spearman_threshold: float = 0.8
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """eelma settings, in sections overridden on the command line as ``--train.num-steps 500``."""
+
+    envs: tuple[str, ...] = _ENVS
+    agents: AgentsSection = AgentsSection()
+    data: DataSection = DataSection()
+    model: ModelSection = ModelSection()
+    train: TrainSection = TrainSection()
+    eval: EvalSection = EvalSection()
     seed: int = 0
     progress: bool = True
 
     def __post_init__(self):
+        err, ag, d = registry.ConfigError, self.agents, self.data
         bad = [e for e in self.envs if e not in _ENVS]
         if bad or not self.envs:
-            raise ValueError(f"envs must be a non-empty subset of {_ENVS}, got {self.envs}")
-        if not 0.0 <= self.gamma < 1.0:
-            raise ValueError(f"gamma must lie in [0, 1), got {self.gamma}")
-        if len(self.epsilons) + len(self.lazy) + int(self.stuck) < 3:
-            raise ValueError("need at least 3 agents per environment for a rank correlation")
-        if self.eval_triples < 2 * self.batch_size:
-            raise ValueError(f"eval_triples must be >= 2 * batch_size = {2 * self.batch_size} (standard errors), "
-                             f"got {self.eval_triples}")
+            raise err("envs", f"must be a non-empty subset of {_ENVS}, got {self.envs}")
+        if not 0.0 <= d.gamma < 1.0:
+            raise err("data.gamma", f"must lie in [0, 1), got {d.gamma}")
+        n = len(ag.epsilons) + len(ag.lazy) + int(ag.stuck)
+        if n < 3:
+            raise err("agents.epsilons", f"(with agents.lazy and agents.stuck) must give at least 3 agents per "
+                                         f"environment for a rank correlation; got {n}")
+        if d.eval_triples < 2 * self.train.batch_size:
+            raise err("data.eval_triples", f"must be >= 2 * train.batch_size = {2 * self.train.batch_size} "
+                                           f"(standard errors), got {d.eval_triples}")
+
+
+# The flat field names the config had before it was split into sections, in their old order: the
+# environment's cache key holds them, so results cached before the split stay valid.
+_FLAT_FIELDS = (
+    ("envs", "envs"), ("epsilons", "agents.epsilons"), ("lazy", "agents.lazy"), ("stuck", "agents.stuck"),
+    ("gamma", "data.gamma"), ("train_episodes", "data.train_episodes"), ("eval_episodes", "data.eval_episodes"),
+    ("train_triples", "data.train_triples"), ("eval_triples", "data.eval_triples"),
+    ("embed_dim", "model.embed_dim"), ("hidden", "model.hidden"), ("proj_dim", "model.proj_dim"),
+    ("out_dim", "model.out_dim"), ("num_steps", "train.num_steps"), ("batch_size", "train.batch_size"),
+    ("learning_rate", "train.learning_rate"), ("min_state_samples", "eval.min_state_samples"),
+    ("bootstrap", "eval.bootstrap"), ("spearman_threshold", "eval.spearman_threshold"), ("seed", "seed"),
+    ("progress", "progress"),
+)
+
+
+def _flat_fields(c: Config) -> dict:
+    """The config as the pre-sections flat dict (``dataclasses.asdict`` of the old flat config)."""
+    def get(path):
+        obj = c
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        return obj
+    return {old: get(path) for old, path in _FLAT_FIELDS}
 
 
 def _make_env(name: str) -> te.TextEnv:
@@ -127,7 +192,7 @@ def spearman_with_ci(x, y, *, num_boot: int, seed: int, level: float = 0.95) -> 
 
 
 def _cache_key(c: Config, env: str) -> str:
-    fields = dataclasses.asdict(c)
+    fields = _flat_fields(c)
     for k in ("progress", "bootstrap", "spearman_threshold", "envs"):
         fields.pop(k)
     blob = json.dumps({"v": _CACHE_VERSION, "env": env, **fields}, sort_keys=True)
@@ -159,22 +224,22 @@ def _run_env(c: Config, name: str, index: int, workdir: epath.Path) -> dict:
     if cache.exists():
         return json.loads(cache.read_text())
     env = _make_env(name)
-    agents = te.graded_agents(env, c.epsilons, c.lazy, c.stuck)
+    agents = te.graded_agents(env, c.agents.epsilons, c.agents.lazy, c.agents.stuck)
     key = jax.random.fold_in(jax.random.key(c.seed), index)
-    state_table = eelma.hash_embed(env.state_texts, dim=c.embed_dim, seed=c.seed)
-    action_table = eelma.hash_embed(env.action_texts, dim=c.embed_dim, seed=c.seed + 1)
+    state_table = eelma.hash_embed(env.state_texts, dim=c.model.embed_dim, seed=c.seed)
+    action_table = eelma.hash_embed(env.action_texts, dim=c.model.embed_dim, seed=c.seed + 1)
 
     rows, tr, ev = [], [], []
     for i, agent in enumerate(agents):
         base = 1000 * (c.seed * 16 + index) + 10 * i
-        train_logs = te.simulate(env, agent, num_episodes=c.train_episodes, seed=base)
-        eval_logs = te.simulate(env, agent, num_episodes=c.eval_episodes, seed=base + 1)
+        train_logs = te.simulate(env, agent, num_episodes=c.data.train_episodes, seed=base)
+        eval_logs = te.simulate(env, agent, num_episodes=c.data.eval_episodes, seed=base + 1)
         k_tr, k_ev = jax.random.split(jax.random.fold_in(key, i))
         tr.append(eelma.triples_from_logs(k_tr, train_logs.states, train_logs.actions, train_logs.lengths,
-                                          num_samples=c.train_triples, gamma=c.gamma))
+                                          num_samples=c.data.train_triples, gamma=c.data.gamma))
         ev.append(eelma.triples_from_logs(k_ev, eval_logs.states, eval_logs.actions, eval_logs.lengths,
-                                          num_samples=c.eval_triples, gamma=c.gamma))
-        exact = eelma.exact_effective_empowerment(gamma=c.gamma, **te.augmented_chain(env, agent))
+                                          num_samples=c.data.eval_triples, gamma=c.data.gamma))
+        exact = eelma.exact_effective_empowerment(gamma=c.data.gamma, **te.augmented_chain(env, agent))
         success = np.concatenate([train_logs.success, eval_logs.success])
         rows.append({"agent": agent.name, "skill": agent.skill, "success": float(success.mean()),
                      "success_se": float(success.std(ddof=1) / math.sqrt(success.size)),
@@ -183,13 +248,14 @@ def _run_env(c: Config, name: str, index: int, workdir: epath.Path) -> dict:
                      "_per_state": exact.per_state, "_per_action": _exact_per_action(exact)})
     stack = [np.stack(x) for x in zip(*tr)]
     critics = eelma.train_critics(jax.random.fold_in(key, 10 ** 6), state_table, action_table, *stack,
-                                  num_steps=c.num_steps, batch_size=c.batch_size, learning_rate=c.learning_rate,
-                                  hidden=c.hidden, proj_dim=c.proj_dim, out_dim=c.out_dim,
-                                  log_every=max(1, min(200, c.num_steps // 5)), progress=c.progress,
+                                  num_steps=c.train.num_steps, batch_size=c.train.batch_size,
+                                  learning_rate=c.train.learning_rate,
+                                  hidden=c.model.hidden, proj_dim=c.model.proj_dim, out_dim=c.model.out_dim,
+                                  log_every=max(1, min(200, c.train.num_steps // 5)), progress=c.progress,
                                   desc=f"eelma {name}")
     ev_s, ev_a, ev_f = (np.stack(x) for x in zip(*ev))
     est = eelma.estimate_empowerment(critics, state_table, action_table, ev_s, ev_a, ev_f,
-                                     batch_size=c.batch_size)
+                                     batch_size=c.train.batch_size)
     used = est.per_sample.shape[1]
     for i, row in enumerate(rows):
         per_state_exact, per_action_exact = row.pop("_per_state"), row.pop("_per_action")
@@ -203,7 +269,7 @@ def _run_env(c: Config, name: str, index: int, workdir: epath.Path) -> dict:
         s_ids = ev_s[i, :used]
         counts = np.bincount(s_ids, minlength=env.num_states)
         sums = np.bincount(s_ids, weights=est.per_sample[i], minlength=env.num_states)
-        ok = counts >= c.min_state_samples
+        ok = counts >= c.eval.min_state_samples
         err = (sums[ok] / counts[ok] - per_state_exact[ok]) / _LN2
         row |= {"estimate": float(est.empowerment[i]), "estimate_se": float(est.se[i]),
                 "infonce_sa": float(est.infonce_sa[i]), "infonce_s": float(est.infonce_s[i]),
@@ -240,8 +306,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         se = np.array([a["estimate_se"] for a in rows])
         exact = np.array([a["exact"] for a in rows])
         succ = np.array([a["success"] for a in rows])
-        rho, lo, hi = spearman_with_ci(est, succ, num_boot=c.bootstrap, seed=c.seed + i)
-        rho_x, lo_x, hi_x = spearman_with_ci(exact, succ, num_boot=c.bootstrap, seed=c.seed + 100 + i)
+        rho, lo, hi = spearman_with_ci(est, succ, num_boot=c.eval.bootstrap, seed=c.seed + i)
+        rho_x, lo_x, hi_x = spearman_with_ci(exact, succ, num_boot=c.eval.bootstrap, seed=c.seed + 100 + i)
         excess = (est - exact - 3.0 * se) / _LN2          # > 0: above the exact value by more than 3 SE
         below_all &= bool((excess <= _ROUNDOFF_BITS).all())
         worst_excess = max(worst_excess, float(excess.max()))
@@ -253,13 +319,14 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                          "rmse_bits": rmse, "mean_state_rmse_bits": state_rmse,
                          "max_excess_over_exact_plus_3se_bits": float(excess.max()),
                          "mean_estimate_minus_exact_bits": float((est - exact).mean() / _LN2)}
-        passed = bool(rho >= c.spearman_threshold and lo > 0)
+        passed = bool(rho >= c.eval.spearman_threshold and lo > 0)
         checks.append(Check(f"{name}: Spearman(estimated empowerment, success) over {len(rows)} agents [95% CI]",
                             f"{rho:.3f} [{lo:.2f}, {hi:.2f}]", paper=_PAPER_SPEARMAN,
-                            threshold=f">= {c.spearman_threshold} and CI lower end > 0", passed=passed))
+                            threshold=f">= {c.eval.spearman_threshold} and CI lower end > 0", passed=passed))
         checks.append(Check(f"{name}: Spearman(exact empowerment, success) [95% CI]",
                             f"{rho_x:.3f} [{lo_x:.2f}, {hi_x:.2f}]", paper="(not in the paper: diagnostic)",
-                            threshold=f">= {c.spearman_threshold}", passed=bool(rho_x >= c.spearman_threshold),
+                            threshold=f">= {c.eval.spearman_threshold}",
+                            passed=bool(rho_x >= c.eval.spearman_threshold),
                             required=False, note="is the exact quantity itself predictive of success here"))
         checks.append(Check(f"{name}: RMSE of estimate vs exact per agent (bits); mean per-state RMSE",
                             f"{rmse:.3f}; {state_rmse:.3f}", paper="state RMSE 0.056 bits (gridworld), 0.158 (ToH)",
@@ -269,7 +336,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         context.append(f"{name} ({r['num_states']} states, {r['num_actions']} actions, T={r['horizon']}): {table}")
     if "tool_shop" in results:
         good, bad = "login(password='hunter2')", "login(password='123456')"
-        piv = _pivotal(results["tool_shop"]["agents"], (good, bad), c.min_state_samples)
+        piv = _pivotal(results["tool_shop"]["agents"], (good, bad), c.eval.min_state_samples)
         per_env["tool_shop"]["pivotal_login_bits"] = piv
         ok = bool(piv[good]["estimate"] > piv[bad]["estimate"])
         checks.append(Check("tool_shop: state-action empowerment of a correct vs a wrong password (bits, est.; exact)",
@@ -286,12 +353,13 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     verdict, reproduced = verdict_from_checks(
         checks, claim="estimated effective empowerment rank-correlates with task success across agents of graded "
                       "skill, and stays below the exact empowerment",
-        context=(f"gamma={c.gamma}, {c.train_episodes}+{c.eval_episodes} episodes and {c.train_triples} training "
-                 f"triples per agent, K={c.batch_size}, {c.num_steps} Adam steps, hashed n-gram text encoder "
-                 f"(D={c.embed_dim}). " + "; ".join(context)),
-        cause=_cause_text(per_env, c.spearman_threshold, below_all),
-        cause_class=_cause_class(per_env, c.spearman_threshold, below_all))
-    cause = None if reproduced else _cause_class(per_env, c.spearman_threshold, below_all)
+        context=(f"gamma={c.data.gamma}, {c.data.train_episodes}+{c.data.eval_episodes} episodes and "
+                 f"{c.data.train_triples} training triples per agent, K={c.train.batch_size}, {c.train.num_steps} "
+                 f"Adam steps, hashed n-gram text encoder "
+                 f"(D={c.model.embed_dim}). " + "; ".join(context)),
+        cause=_cause_text(per_env, c.eval.spearman_threshold, below_all),
+        cause_class=_cause_class(per_env, c.eval.spearman_threshold, below_all))
+    cause = None if reproduced else _cause_class(per_env, c.eval.spearman_threshold, below_all)
     metrics = {"per_env": per_env, "estimate_below_exact": below_all, "max_excess_over_exact_plus_3se_bits": worst_excess,
                "results": results, "checks": [ch.as_dict() for ch in checks]}
     return {"metrics": metrics, "verdict": verdict, "reproduced": reproduced, "plots": plots, "cause": cause}
@@ -348,7 +416,7 @@ def _plot_vs_success(results, c: Config, workdir):
             ax.annotate(a["agent"], (a["success"], a["estimate"] / _LN2), fontsize=6, xytext=(3, 3),
                         textcoords="offset points")
         ax.set(xlabel="task success rate", ylabel="effective empowerment (bits)",
-               title=f"{name}, gamma={c.gamma}")
+               title=f"{name}, gamma={c.data.gamma}")
         plotting.legend(ax, fontsize=7)
     return report.savefig(fig, workdir / "empowerment_vs_success.png")
 
@@ -373,14 +441,17 @@ EXPERIMENT = registry.Experiment(
     slug="eelma",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(epsilons=(0.0, 0.5, 1.0), lazy=(), train_episodes=100, eval_episodes=60,
-                                train_triples=1000, eval_triples=256, embed_dim=64, hidden=32, proj_dim=16,
-                                out_dim=16, num_steps=40, batch_size=64, bootstrap=100, progress=False),
+        "smoke": lambda: Config(
+            agents=AgentsSection(epsilons=(0.0, 0.5, 1.0), lazy=()),
+            data=DataSection(train_episodes=100, eval_episodes=60, train_triples=1000, eval_triples=256),
+            model=ModelSection(embed_dim=64, hidden=32, proj_dim=16, out_dim=16),
+            train=TrainSection(num_steps=40, batch_size=64), eval=EvalSection(bootstrap=100), progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(epsilons=(0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
-                                lazy=(0.25, 0.5, 0.75), train_episodes=10_000, eval_episodes=4000,
-                                train_triples=100_000, eval_triples=32_768, hidden=256, num_steps=10_000,
-                                bootstrap=10_000),
+        "paper": lambda: Config(
+            agents=AgentsSection(epsilons=(0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+                                 lazy=(0.25, 0.5, 0.75)),
+            data=DataSection(train_episodes=10_000, eval_episodes=4000, train_triples=100_000, eval_triples=32_768),
+            model=ModelSection(hidden=256), train=TrainSection(num_steps=10_000), eval=EvalSection(bootstrap=10_000)),
     },
     run=run,
 )

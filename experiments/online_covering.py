@@ -9,11 +9,11 @@ eta = |R \\ R_hat| + |R_hat \\ R|; the classical online algorithms and the exact
 For each problem (set cover, facility location with two opening costs, Steiner tree, parking permit) and
 seed: a random instance, a request set R of k requests, OPT(R) exactly (MILP / DP), and
   * noise sweep: R_hat drops a fraction nu of R and adds round(nu k) benign false requests (nearby
-    candidates), nu in `noise_levels`; ratio cost / OPT of ON, U, L, R against the realised eta;
+    candidates), nu in `sweep.noise_levels`; ratio cost / OPT of ON, U, L, R against the realised eta;
   * blind-trust failure: R_hat = R plus round(x k) decoys (false requests that are expensive to cover:
-    remote points, spur vertices, singleton-only elements, quiet-season days), x in `decoy_fractions`;
+    remote points, spur vertices, singleton-only elements, quiet-season days), x in `sweep.decoy_fractions`;
   * rho(k) -> rho(eta): on Imase-Waxman's diamond lower-bound family (OPT = 1, greedy = 1 + log2(k) / 2)
-    with a fixed error (`diamond_missing` predicted terminals dropped and as many false ones added), the
+    with a fixed error (`diamond.missing` predicted terminals dropped and as many false ones added), the
     ratio of ON grows with k while the wrappers' stays flat.
 
 Checks behind `reproduced` (the paper's claim): consistency (eta = 0: L's mean ratio <= OFF's approximation
@@ -30,6 +30,10 @@ Recipe:
     python -m experiments run online_covering --preset quick    # ~30 s on 2 CPU cores
     python -m experiments run online_covering --preset smoke    # seconds, used by the tests
     python -m experiments run online_covering --preset paper    # spec scale (50 seeds), about 6 minutes on 2 CPU cores
+    python -m experiments run online_covering --preset smoke --steiner.requests 4   # one field of a config section
+
+Config sections (`run online_covering --help` lists every field): sweep, set_cover, facility, steiner, parking,
+diamond; seeds, problems, lam and seed are top-level.
 """
 
 from __future__ import annotations
@@ -53,78 +57,144 @@ WRAPPERS = ("online", "trust", "lazy", "robust")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """online_covering settings (every field can be overridden on the command line)."""
+class SweepSection:
+    """The prediction errors: the noise sweep and the blind-trust decoys (``--sweep.noise-levels 0 0.5``)."""
 
-    seeds: int = 10
-    problems: tuple[str, ...] = ("set_cover", "facility_location", "steiner_tree", "parking_permit")
     noise_levels: tuple[float, ...] = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
     decoy_fractions: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0)
-    lam: float = 2.0
-    # Set cover (spec: m = 40 sets over n = 80 elements, costs U[1, 10], k = 40).
-    sc_sets: int = 40
-    sc_elements: int = 80
-    sc_density: float = 0.1
-    sc_requests: int = 40
-    # Facility location (spec: uniform f in {0.5, 2}, k = 60; candidates >= 2k for the noise sweep).
-    fl_points: int = 100
-    fl_requests: int = 40
-    fl_opening_costs: tuple[float, ...] = (0.5, 2.0)
-    # Steiner tree (spec: random geometric graph on 60 vertices, k <= 10, exact Dreyfus-Wagner).
-    st_vertices: int = 60
-    st_radius: float = 0.25
-    st_requests: int = 10
-    # Parking permit (nested aligned durations; 12 blocks of 28 days, half of them active).
-    pp_durations: tuple[int, ...] = (1, 7, 28, 336)
-    pp_costs: tuple[float, ...] = (1.0, 4.0, 10.0, 80.0)
-    pp_active_fraction: float = 0.5
-    pp_requests: int = 60
-    # Diamond lower-bound family for rho(k) vs rho(eta).
-    diamond_levels: tuple[int, ...] = (1, 2, 3, 4, 5)
-    diamond_missing: int = 1
-    seed: int = 0
-    progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SetCoverSection:
+    """Set cover (spec: m = 40 sets over n = 80 elements, costs U[1, 10], k = 40) (``--set-cover.sets 20``)."""
+
+    sets: int = 40
+    elements: int = 80
+    density: float = 0.1
+    requests: int = 40
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FacilitySection:
+    """Facility location (spec: uniform f in {0.5, 2}, k = 60; candidates >= 2k for the noise sweep)."""
+
+    points: int = 100
+    requests: int = 40
+    opening_costs: tuple[float, ...] = (0.5, 2.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SteinerSection:
+    """Steiner tree (spec: random geometric graph on 60 vertices, k <= 10, exact Dreyfus-Wagner)."""
+
+    vertices: int = 60
+    radius: float = 0.25
+    requests: int = 10
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParkingSection:
+    """Parking permit (nested aligned durations; 12 blocks of 28 days, half of them active)."""
+
+    durations: tuple[int, ...] = (1, 7, 28, 336)
+    costs: tuple[float, ...] = (1.0, 4.0, 10.0, 80.0)
+    active_fraction: float = 0.5
+    requests: int = 60
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DiamondSection:
+    """Imase-Waxman's diamond lower-bound family for rho(k) vs rho(eta) (``--diamond.levels 1 2 3``)."""
+
+    levels: tuple[int, ...] = (1, 2, 3, 4, 5)
+    missing: int = 1
 
 
 _KNOWN = ("set_cover", "facility_location", "steiner_tree", "parking_permit")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """online_covering settings, in sections overridden on the command line as ``--steiner.requests 8``."""
+
+    seeds: int = 10
+    problems: tuple[str, ...] = _KNOWN
+    lam: float = 2.0
+    sweep: SweepSection = SweepSection()
+    set_cover: SetCoverSection = SetCoverSection()
+    facility: FacilitySection = FacilitySection()
+    steiner: SteinerSection = SteinerSection()
+    parking: ParkingSection = ParkingSection()
+    diamond: DiamondSection = DiamondSection()
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self):
+        _validate(self)
+
+
 def _validate(c: Config) -> None:
+    err, sw = registry.ConfigError, c.sweep
     bad = [p for p in c.problems if p not in _KNOWN]
     if bad:
-        raise ValueError(f"problems must be drawn from {_KNOWN}, got unknown {bad}")
+        raise err("problems", f"must be drawn from {_KNOWN}, got unknown {bad}")
     if c.seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {c.seeds}")
-    if any(not 0 <= x <= 1 for x in c.noise_levels) or 0.0 not in c.noise_levels:
-        raise ValueError(f"noise_levels must lie in [0, 1] and contain 0.0, got {c.noise_levels}")
-    if any(x < 0 for x in c.decoy_fractions) or 0.0 not in c.decoy_fractions:
-        raise ValueError(f"decoy_fractions must be >= 0 and contain 0.0, got {c.decoy_fractions}")
+        raise err("seeds", f"must be >= 1, got {c.seeds}")
+    if any(not 0 <= x <= 1 for x in sw.noise_levels) or 0.0 not in sw.noise_levels:
+        raise err("sweep.noise_levels", f"must lie in [0, 1] and contain 0.0, got {sw.noise_levels}")
+    if any(x < 0 for x in sw.decoy_fractions) or 0.0 not in sw.decoy_fractions:
+        raise err("sweep.decoy_fractions", f"must be >= 0 and contain 0.0, got {sw.decoy_fractions}")
     if c.lam <= 1:
-        raise ValueError(f"lam must be > 1, got {c.lam}")
+        raise err("lam", f"must be > 1, got {c.lam}")
+
+
+# The flat field names the config had before it was split into sections, in their old order: the per-unit
+# cache key holds them, so results cached before the split stay valid.
+_FLAT_FIELDS = (
+    ("seeds", "seeds"), ("problems", "problems"), ("noise_levels", "sweep.noise_levels"),
+    ("decoy_fractions", "sweep.decoy_fractions"), ("lam", "lam"), ("sc_sets", "set_cover.sets"),
+    ("sc_elements", "set_cover.elements"), ("sc_density", "set_cover.density"), ("sc_requests", "set_cover.requests"),
+    ("fl_points", "facility.points"), ("fl_requests", "facility.requests"),
+    ("fl_opening_costs", "facility.opening_costs"), ("st_vertices", "steiner.vertices"),
+    ("st_radius", "steiner.radius"), ("st_requests", "steiner.requests"), ("pp_durations", "parking.durations"),
+    ("pp_costs", "parking.costs"), ("pp_active_fraction", "parking.active_fraction"),
+    ("pp_requests", "parking.requests"), ("diamond_levels", "diamond.levels"),
+    ("diamond_missing", "diamond.missing"), ("seed", "seed"),
+)
+
+
+def _cache_fields(c: Config) -> dict:
+    """The config part of every cache key: the pre-sections flat fields (all but `progress`) by their old names."""
+    def get(path):
+        obj = c
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        return obj
+    return {old: get(path) for old, path in _FLAT_FIELDS}
 
 
 def _instances(c: Config) -> list[tuple]:
     """(label, scenario factory rng -> Scenario, k) per problem instance family."""
     out = []
-    max_decoys = lambda k: int(np.ceil(max(c.decoy_fractions) * k))  # noqa: E731
+    max_decoys = lambda k: int(np.ceil(max(c.sweep.decoy_fractions) * k))  # noqa: E731
     for p in c.problems:
         if p == "set_cover":
             out.append(("set_cover", lambda r: oc.set_cover_scenario(
-                r, num_sets=c.sc_sets, num_elements=c.sc_elements, density=c.sc_density,
-                num_decoys=max_decoys(c.sc_requests)), c.sc_requests))
+                r, num_sets=c.set_cover.sets, num_elements=c.set_cover.elements, density=c.set_cover.density,
+                num_decoys=max_decoys(c.set_cover.requests)), c.set_cover.requests))
         elif p == "facility_location":
-            for f in c.fl_opening_costs:
+            for f in c.facility.opening_costs:
                 out.append((f"facility_location(f={f:g})", lambda r, f=f: oc.facility_location_scenario(
-                    r, num_points=c.fl_points, opening_cost=f, num_decoys=max_decoys(c.fl_requests)),
-                    c.fl_requests))
+                    r, num_points=c.facility.points, opening_cost=f, num_decoys=max_decoys(c.facility.requests)),
+                    c.facility.requests))
         elif p == "steiner_tree":
             out.append(("steiner_tree", lambda r: oc.steiner_scenario(
-                r, num_vertices=c.st_vertices, radius=c.st_radius, num_decoys=max_decoys(c.st_requests)),
-                c.st_requests))
+                r, num_vertices=c.steiner.vertices, radius=c.steiner.radius, num_decoys=max_decoys(c.steiner.requests)),
+                c.steiner.requests))
         else:
             out.append(("parking_permit", lambda r: oc.parking_permit_scenario(
-                r, durations=c.pp_durations, costs=c.pp_costs, active_fraction=c.pp_active_fraction),
-                c.pp_requests))
+                r, durations=c.parking.durations, costs=c.parking.costs, active_fraction=c.parking.active_fraction),
+                c.parking.requests))
     return out
 
 
@@ -161,11 +231,11 @@ def _one_seed(label, factory, k, c: Config, s: int) -> dict:
     on = oc.run_online(prob, req, seed=s)
     pool = sc.candidates
     noise, decoys = [], []
-    for nu in c.noise_levels:
+    for nu in c.sweep.noise_levels:
         nf = min(int(round(nu * k)), pool.size - k)
         pred = oc.perturb_prediction(rng, req, pool=pool, p_miss=nu, num_false=nf)
         noise.append({"level": nu, **_evaluate(prob, req, pred, opt, c, s, on.cost)})
-    for x in c.decoy_fractions:
+    for x in c.sweep.decoy_fractions:
         nd = min(int(round(x * k)), sc.decoys.size)
         pred = np.sort(np.concatenate([req, rng.choice(sc.decoys, nd, replace=False)]))
         decoys.append({"level": x, "num_false": nd, **_evaluate(prob, req, pred, opt, c, s, on.cost)})
@@ -175,10 +245,10 @@ def _one_seed(label, factory, k, c: Config, s: int) -> dict:
 def _diamond(c: Config, s: int) -> list[dict]:
     rng = np.random.default_rng([c.seed, s, 7])
     rows = []
-    for lv in c.diamond_levels:
+    for lv in c.diamond.levels:
         prob, req = oc.diamond_adversary(lv)
         opt = 1.0  # every terminal lies on one s-t path of length 1 (checked by the tests for small levels)
-        m = min(c.diamond_missing, req.size)
+        m = min(c.diamond.missing, req.size)
         others = np.setdiff1d(np.arange(prob.num_vertices), np.concatenate([req, [prob.root]]))
         pred = oc.perturb_prediction(rng, req, pool=others, p_miss=m / req.size, num_false=m)
         on = oc.run_online(prob, req, seed=s).cost
@@ -230,9 +300,8 @@ def headline(metrics: Mapping[str, Any]) -> str:
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    _validate(c)
     workdir = epath.Path(workdir)
-    base = {k: v for k, v in dataclasses.asdict(c).items() if k not in ("progress",)}
+    base = _cache_fields(c)
     inst = _instances(c)
     units = [(label, factory, k, s) for (label, factory, k) in inst for s in range(c.seeds)]
     per = {label: [] for label, _, _ in inst}
@@ -250,8 +319,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
               "robust": f"bug in our code (robust switching is proven within {bound:g}x for lam={c.lam:g})",
               "online_grows": ("bug in our code (greedy on the diamond family costs 1 + log2(k) / 2 by "
                                "construction)"),
-              "wrappers_flat": f"scale limit (diamond_missing={c.diamond_missing} errors at k up to "
-                               f"{2 ** max(c.diamond_levels)})"}
+              "wrappers_flat": f"scale limit (diamond.missing={c.diamond.missing} errors at k up to "
+                               f"{2 ** max(c.diamond.levels)})"}
     all_rows = []
     for label, _, k in inst:
         noise = _aggregate([r["noise"] for r in per[label]])
@@ -278,7 +347,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         ]
         demos[label] = {"trust_worse_than_online": dec["trust"][-1] > dec["online"][-1]}
         demo_checks.append(Check(
-            f"{label}: blind trust U's mean ratio with {max(c.decoy_fractions):g}k decoys", dec["trust"][-1],
+            f"{label}: blind trust U's mean ratio with {max(c.sweep.decoy_fractions):g}k decoys", dec["trust"][-1],
             "the spec's illustration (not the paper's claim)", f"> ON {dec['online'][-1]:.2f}",
             demos[label]["trust_worse_than_online"], required=False, note=f"R {dec['robust'][-1]:.2f}"))
         flat[f"{label}/ratio_online"] = noise["online"][i0]
@@ -297,7 +366,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
               dia["online"][-1] - dia["online"][0], "rho(k) grows (1/2 per doubling of k)", f">= {need:g}",
               dia["online"][-1] - dia["online"][0] >= need - 1e-9 if len(dia["level"]) > 1 else True,
               note="online_grows"),
-        Check(f"diamond: lazy L's ratio at k = {dia['level'][-1]} with eta = {2 * c.diamond_missing}",
+        Check(f"diamond: lazy L's ratio at k = {dia['level'][-1]} with eta = {2 * c.diamond.missing}",
               dia["lazy"][-1], "rho(eta) stays flat", f"< ON {dia['online'][-1]:.2f} and R "
               f"{dia['robust'][-1]:.2f} <= {bound:g}",
               dia["lazy"][-1] < dia["online"][-1] and dia["robust"][-1] <= bound,
@@ -324,14 +393,14 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                       for lab in probs)
     context = (f"Over {c.seeds} seeds: mean ratio ON -> "
                f"lazy L / robust R at eta = 0: {cons}; lazy at the largest noise (eta ~ 2k): {worst}; with "
-               f"{max(c.decoy_fractions):g}k expensive false predictions blind trust ends above ON on "
+               f"{max(c.sweep.decoy_fractions):g}k expensive false predictions blind trust ends above ON on "
                f"{len(demos) - len(no_fail)}/{len(demos)} families ({trust}"
                + (f"; not on {', '.join(no_fail)}" if no_fail else "") + "); robust "
                f"switching stays within {flat['robust_over_online_max']:.2f}x ON and "
                f"{flat['robust_over_min_max']:.2f}x min(L, ON) (bound {bound:g}); on the diamond family ON's ratio "
                f"grows {dia['online'][0]:.2f} -> {dia['online'][-1]:.2f} with k = "
                f"{dia['level'][0]}..{dia['level'][-1]} "
-               f"while lazy at eta = {2 * c.diamond_missing} stays {dia['lazy'][-1]:.2f}")
+               f"while lazy at eta = {2 * c.diamond.missing} stays {dia['lazy'][-1]:.2f}")
     cause = "; ".join(f"{ch.name}: {causes[ch.note]}" for ch in checks if ch.required and not ch.passed)
     verdict, reproduced = checks_lib.verdict(
         checks, claim="a prediction-error-parametrized wrapper keeps OFF's ratio at eta = 0, degrades smoothly with "
@@ -390,7 +459,7 @@ def _plot_diamond(dia, c, workdir):
         ax.errorbar(ks, dia[w], yerr=dia[w + "_se"], color=col, ls=ls, marker="o", ms=3, capsize=2, label=name)
     ax.set_xscale("log", base=2)
     ax.set(xlabel="number of requests k", ylabel="cost / OPT",
-           title=f"diamond family, eta = {2 * c.diamond_missing}: rho(k) vs rho(eta)")
+           title=f"diamond family, eta = {2 * c.diamond.missing}: rho(k) vs rho(eta)")
     ax.legend(fontsize=7)
     return report.savefig(fig, workdir / "rho_k_vs_rho_eta.png")
 
@@ -409,14 +478,18 @@ EXPERIMENT = registry.Experiment(
     slug="online_covering",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(seeds=1, noise_levels=(0.0, 0.5, 1.0), decoy_fractions=(0.0, 1.0), sc_sets=15,
-                                sc_elements=30, sc_density=0.15, sc_requests=12, fl_points=30, fl_requests=12,
-                                fl_opening_costs=(0.5,), st_vertices=25, st_radius=0.35, st_requests=6,
-                                pp_durations=(1, 7, 28, 112), pp_costs=(1.0, 4.0, 10.0, 30.0), pp_requests=20,
-                                diamond_levels=(1, 2, 3), progress=False),
+        "smoke": lambda: Config(
+            seeds=1, sweep=SweepSection(noise_levels=(0.0, 0.5, 1.0), decoy_fractions=(0.0, 1.0)),
+            set_cover=SetCoverSection(sets=15, elements=30, density=0.15, requests=12),
+            facility=FacilitySection(points=30, requests=12, opening_costs=(0.5,)),
+            steiner=SteinerSection(vertices=25, radius=0.35, requests=6),
+            parking=ParkingSection(durations=(1, 7, 28, 112), costs=(1.0, 4.0, 10.0, 30.0), requests=20),
+            diamond=DiamondSection(levels=(1, 2, 3)), progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(seeds=50, noise_levels=(0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0),
-                                decoy_fractions=(0.0, 0.125, 0.25, 0.5, 1.0), fl_points=150, fl_requests=60),
+        "paper": lambda: Config(
+            seeds=50, sweep=SweepSection(noise_levels=(0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0),
+                                         decoy_fractions=(0.0, 0.125, 0.25, 0.5, 1.0)),
+            facility=FacilitySection(points=150, requests=60)),
     },
     run=run,
 )

@@ -9,7 +9,7 @@ U in {1.3B, 13B}.
 Part 2 trains tiny decoder LMs (`models.Transformer`) with SET dynamic sparse training
 (`algorithms.scaling.dynamic_sparse`) on a fixed budget of U unique tokens drawn from a random
 second-order Markov chain (a finite set of sequences, so repetition can overfit; the chain's entropy
-rate is the exact loss floor), replayed for up to `max_epochs` epochs (reshuffled with seed = epoch).
+rate is the exact loss floor), replayed for up to `train.max_epochs` epochs (reshuffled with seed = epoch).
 Grid: model widths x densities; validation loss on fresh sequences from the same chain at fractions of
 the first epoch (single-epoch points, D <= U) and at every epoch boundary (D = e U). Each (width,
 density) is one run with a constant learning rate after warmup, evaluated at those boundaries (the
@@ -23,6 +23,10 @@ Recipe:
     python -m experiments run sparse_scaling --preset smoke   # seconds, used by the tests
     python -m experiments run sparse_scaling --preset quick   # 2 CPU cores, a few minutes
     python -m experiments run sparse_scaling --preset paper   # wider grid, accelerator
+    python -m experiments run sparse_scaling --preset smoke --train.max-epochs 3   # one field of a config section
+
+Config sections (`run sparse_scaling --help` lists every field): data, model, train, fit; law_analysis (part 1)
+and seed are top-level.
 
 Expected (quick): part 1 matches the spec to 2 decimals; part 2 the direction of delayed saturation
 (fitted R_D* larger for sparse models, later/lower overfitting at equal total parameters).
@@ -62,25 +66,32 @@ _CACHE_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """sparse_scaling settings (every field can be overridden on the command line)."""
+class DataSection:
+    """Part 2's data: a random order-2 Markov chain over `vocab_size` tokens (``--data.unique-sequences 2048``)."""
 
-    # Part 1: the published law.
-    law_analysis: bool = True
-    # Part 2: data (a random order-2 Markov chain over `vocab_size` tokens).
     vocab_size: int = 24
     markov_order: int = 2
     dirichlet_concentration: float = 0.1
     seq_len: int = 32
     unique_sequences: int = 1024  # U = unique_sequences * seq_len training targets
     val_sequences: int = 128
-    # Models (decoder LM; embeddings and output projection stay dense).
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    """The grid of decoder LMs, widths x densities; embeddings and output stay dense (``--model.head-dim 4``)."""
+
     d_models: tuple[int, ...] = (16, 32, 64)
     num_layers: int = 2
     ffn_multiplier: int = 2
     head_dim: int = 8
     densities: tuple[float, ...] = (1.0, 0.5, 0.25)
-    # Training.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """SET dynamic sparse training, replayed for up to `max_epochs` epochs (``--train.max-epochs 8``)."""
+
     batch_size: int = 32
     max_epochs: int = 16
     first_epoch_fractions: tuple[float, ...] = (0.125, 0.25, 0.5)
@@ -88,12 +99,67 @@ class Config:
     warmup_steps: int = 20
     update_frequency: int = 25
     initial_prune_rate: float = 0.1
-    # Fit.
+
+
+_FIT_GRIDS = ("paper", "coarse")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FitSection:
+    """Part 3, the law fitted on the grid (``--fit.grid coarse``)."""
+
     saturation_margin: float = 0.005  # nats: a dense run 'saturates' if it ends this far above its best
     holdout_largest: bool = True
-    fit_grid: str = "paper"  # "paper" (the notebook's grids) or "coarse"
+    grid: str = "paper"  # "paper" (the notebook's grids) or "coarse"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """sparse_scaling settings, in sections overridden on the command line as ``--train.max-epochs 8``."""
+
+    law_analysis: bool = True  # part 1: the published law
+    data: DataSection = DataSection()
+    model: ModelSection = ModelSection()
+    train: TrainSection = TrainSection()
+    fit: FitSection = FitSection()
     seed: int = 0
     progress: bool = True
+
+    def __post_init__(self):
+        err, dens = registry.ConfigError, self.model.densities
+        if any(not 0 < s <= 1 for s in dens) or 1.0 not in dens or len(dens) < 2:
+            raise err("model.densities", f"must lie in (0, 1], include 1.0 (the dense baseline) and one sparse "
+                                         f"value; got {dens}")
+        if self.train.max_epochs < 2:
+            raise err("train.max_epochs", f"must be >= 2 to measure repetition; got {self.train.max_epochs}")
+        if self.fit.grid not in _FIT_GRIDS:
+            raise err("fit.grid", f"must be 'paper' or 'coarse'; got {self.fit.grid!r}")
+
+
+# The flat field names the config had before it was split into sections, in their old order: a grid run's
+# cache key holds them, so runs cached before the split stay valid.
+_FLAT_FIELDS = (
+    ("law_analysis", "law_analysis"), ("vocab_size", "data.vocab_size"), ("markov_order", "data.markov_order"),
+    ("dirichlet_concentration", "data.dirichlet_concentration"), ("seq_len", "data.seq_len"),
+    ("unique_sequences", "data.unique_sequences"), ("val_sequences", "data.val_sequences"),
+    ("d_models", "model.d_models"), ("num_layers", "model.num_layers"), ("ffn_multiplier", "model.ffn_multiplier"),
+    ("head_dim", "model.head_dim"), ("densities", "model.densities"), ("batch_size", "train.batch_size"),
+    ("max_epochs", "train.max_epochs"), ("first_epoch_fractions", "train.first_epoch_fractions"),
+    ("learning_rate", "train.learning_rate"), ("warmup_steps", "train.warmup_steps"),
+    ("update_frequency", "train.update_frequency"), ("initial_prune_rate", "train.initial_prune_rate"),
+    ("saturation_margin", "fit.saturation_margin"), ("holdout_largest", "fit.holdout_largest"),
+    ("fit_grid", "fit.grid"), ("seed", "seed"), ("progress", "progress"),
+)
+
+
+def _flat_fields(c: Config) -> dict:
+    """The config as the pre-sections flat dict (``dataclasses.asdict`` of the old flat config)."""
+    def get(path):
+        obj = c
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        return obj
+    return {old: get(path) for old, path in _FLAT_FIELDS}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,24 +252,25 @@ def _law_part(c: Config) -> dict:
 
 
 def _model_config(c: Config, d_model: int) -> TransformerConfig:
-    heads = max(1, d_model // c.head_dim)
-    return TransformerConfig(vocab_size=c.vocab_size, d_model=d_model, num_layers=c.num_layers, num_heads=heads,
-                             num_kv_heads=heads, d_ff=c.ffn_multiplier * d_model, head_dim=c.head_dim)
+    heads = max(1, d_model // c.model.head_dim)
+    return TransformerConfig(vocab_size=c.data.vocab_size, d_model=d_model, num_layers=c.model.num_layers,
+                             num_heads=heads, num_kv_heads=heads, d_ff=c.model.ffn_multiplier * d_model,
+                             head_dim=c.model.head_dim)
 
 
 def _eval_steps(c: Config, steps_per_epoch: int) -> dict[int, float]:
     """step -> epochs completed at that step (fractions of epoch 1, then every epoch)."""
     out = {}
-    for f in c.first_epoch_fractions:
+    for f in c.train.first_epoch_fractions:
         st = max(1, int(round(f * steps_per_epoch)))
         out[st] = st / steps_per_epoch
-    for e in range(1, c.max_epochs + 1):
+    for e in range(1, c.train.max_epochs + 1):
         out[e * steps_per_epoch] = float(e)
     return out
 
 
 def _run_key(c: Config, d_model: int, density: float) -> str:
-    fields = {k: v for k, v in dataclasses.asdict(c).items()
+    fields = {k: v for k, v in _flat_fields(c).items()
               if k not in ("progress", "holdout_largest", "fit_grid", "law_analysis", "d_models", "densities")}
     blob = json.dumps({"v": _CACHE_VERSION, "c": fields, "d": d_model, "s": density}, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
@@ -212,31 +279,32 @@ def _run_key(c: Config, d_model: int, density: float) -> str:
 def _train_grid(c: Config, workdir: pathlib.Path) -> tuple[list[dict], dict]:
     from tqdm.auto import tqdm
 
-    table = markov_table(c.seed, c.vocab_size, c.markov_order, c.dirichlet_concentration)
-    train = sample_sequences(c.seed + 1, table, c.unique_sequences, c.seq_len + 1, c.markov_order)
-    val = sample_sequences(c.seed + 2, table, c.val_sequences, c.seq_len + 1, c.markov_order)
-    floor = entropy_rate(table, c.markov_order)
-    steps_per_epoch = max(1, c.unique_sequences // c.batch_size)
-    unique_tokens = steps_per_epoch * c.batch_size * c.seq_len  # targets actually seen per epoch
-    num_steps = steps_per_epoch * c.max_epochs
+    table = markov_table(c.seed, c.data.vocab_size, c.data.markov_order, c.data.dirichlet_concentration)
+    train = sample_sequences(c.seed + 1, table, c.data.unique_sequences, c.data.seq_len + 1, c.data.markov_order)
+    val = sample_sequences(c.seed + 2, table, c.data.val_sequences, c.data.seq_len + 1, c.data.markov_order)
+    floor = entropy_rate(table, c.data.markov_order)
+    steps_per_epoch = max(1, c.data.unique_sequences // c.train.batch_size)
+    unique_tokens = steps_per_epoch * c.train.batch_size * c.data.seq_len  # targets actually seen per epoch
+    num_steps = steps_per_epoch * c.train.max_epochs
     evals_at = _eval_steps(c, steps_per_epoch)
     val_batch = {"inputs": val[:, :-1], "targets": val[:, 1:], "loss_mask": np.ones(val[:, 1:].shape, np.float32)}
 
     def batch_fn(step):
         epoch, i = divmod(step, steps_per_epoch)
-        perm = np.random.default_rng(1000 + epoch).permutation(c.unique_sequences)  # reshuffle, seed = epoch
-        rows = train[perm[i * c.batch_size:(i + 1) * c.batch_size]]
+        perm = np.random.default_rng(1000 + epoch).permutation(c.data.unique_sequences)  # reshuffle, seed = epoch
+        rows = train[perm[i * c.train.batch_size:(i + 1) * c.train.batch_size]]
         return {"inputs": rows[:, :-1], "targets": rows[:, 1:], "loss_mask": np.ones(rows[:, 1:].shape, np.float32)}
 
-    opt_cfg = training.OptimizerConfig(learning_rate=c.learning_rate, warmup_steps=min(c.warmup_steps, num_steps),
+    opt_cfg = training.OptimizerConfig(learning_rate=c.train.learning_rate,
+                                       warmup_steps=min(c.train.warmup_steps, num_steps),
                                        total_steps=num_steps, end_lr_fraction=1.0, weight_decay=0.0, clip_norm=None)
     runs, cache_dir = [], workdir / "runs"
     cache_dir.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(c.d_models) * len(c.densities), desc="sparse_scaling grid", disable=not c.progress)
-    for d_model in c.d_models:
+    bar = tqdm(total=len(c.model.d_models) * len(c.model.densities), desc="sparse_scaling grid", disable=not c.progress)
+    for d_model in c.model.d_models:
         mcfg = _model_config(c, d_model)
         fns = None
-        for density in c.densities:
+        for density in c.model.densities:
             path = cache_dir / f"d{d_model}_s{density:g}_{_run_key(c, d_model, density)}.json"
             if path.exists():
                 runs.append(json.loads(path.read_text()))
@@ -246,7 +314,7 @@ def _train_grid(c: Config, workdir: pathlib.Path) -> tuple[list[dict], dict]:
                 fns = ds.make_dst_functions(lambda r, m=mcfg: Transformer(m, rngs=r), training.make_optimizer(opt_cfg))
             t0 = time.perf_counter()
             res = ds.train_dst(optimizer_config=opt_cfg, batch_fn=batch_fn, num_steps=num_steps, density=density,
-                               update_frequency=c.update_frequency, initial_prune_rate=c.initial_prune_rate,
+                               update_frequency=c.train.update_frequency, initial_prune_rate=c.train.initial_prune_rate,
                                seed=c.seed, functions=fns, eval_steps=tuple(evals_at),
                                eval_fn=lambda p: float(fns.loss(p, val_batch)["loss"]),
                                progress=False)
@@ -266,7 +334,7 @@ def _train_grid(c: Config, workdir: pathlib.Path) -> tuple[list[dict], dict]:
             bar.update(1)
     bar.close()
     info = {"entropy_rate": floor, "unique_tokens": unique_tokens, "steps_per_epoch": steps_per_epoch,
-            "num_steps": num_steps, "uniform_loss": math.log(c.vocab_size)}
+            "num_steps": num_steps, "uniform_loss": math.log(c.data.vocab_size)}
     return runs, info
 
 
@@ -298,10 +366,8 @@ def _fit_points(runs: list[dict], unique_tokens: int, tokens_per_step: int):
 
 
 def _fit_config(c: Config) -> law.FitConfig:
-    if c.fit_grid == "paper":
+    if c.fit.grid == "paper":
         return law.FitConfig()
-    if c.fit_grid != "coarse":
-        raise ValueError(f"fit_grid must be 'paper' or 'coarse'; got {c.fit_grid!r}")
     return law.FitConfig(grids={
         1: {"a": (0.0, 5.0), "b": (0.0, 5.0), "e": (-1.0, 0.5), "alpha": (0.2, 0.6)},
         2: {"epsilon": (-0.5, 0.5), "mu": (0.5, 1.5), "c": (-0.5, 0.5)},
@@ -336,11 +402,6 @@ def headline(metrics: Mapping[str, Any]) -> str:
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
     workdir = epath.Path(workdir)
-    if any(not 0 < s <= 1 for s in c.densities) or 1.0 not in c.densities or len(c.densities) < 2:
-        raise ValueError(f"densities must lie in (0, 1], include 1.0 (the dense baseline) and one sparse value; "
-                         f"got {c.densities}")
-    if c.max_epochs < 2:
-        raise ValueError(f"max_epochs must be >= 2 to measure repetition; got {c.max_epochs}")
     t_start = time.perf_counter()
     metrics: dict = {}
     part1 = _law_part(c) if c.law_analysis else None
@@ -350,26 +411,27 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     runs, info = _train_grid(c, workdir)
     metrics["data"] = info
     sat = _saturation(runs)
-    tokens_per_step = c.batch_size * c.seq_len
+    tokens_per_step = c.train.batch_size * c.data.seq_len
     pts = _fit_points(runs, info["unique_tokens"], tokens_per_step)
     width, n_act, u_seen, d_tok, dens, val_loss, epochs = map(np.array, zip(*pts))
-    held = (width == max(c.d_models)) if (c.holdout_largest and len(c.d_models) >= 3) else np.zeros(width.size, bool)
+    widths = c.model.d_models
+    held = (width == max(widths)) if (c.fit.holdout_largest and len(widths) >= 3) else np.zeros(width.size, bool)
     fit = law.fit_law(n_act[~held], u_seen[~held], d_tok[~held], dens[~held], val_loss[~held],
                       config=_fit_config(c), progress=c.progress)
     q = fit.params
     pred = _predict(q, n_act, u_seen, d_tok, dens)
     rel = np.abs(pred / val_loss - 1.0)
-    fitted_rd = {s: float(law.r_d_star(s, q)) for s in c.densities}
-    sparse_ds = [s for s in c.densities if s < 1]
+    fitted_rd = {s: float(law.r_d_star(s, q)) for s in c.model.densities}
+    sparse_ds = [s for s in c.model.densities if s < 1]
     rd_later = all(fitted_rd[s] > fitted_rd[1.0] for s in sparse_ds)
     # Direct measurement at equal total size, on the widths whose dense model saturates (its loss at
     # the last epoch is above its best by more than `saturation_margin`): does the sparse model
     # overfit less after its best epoch?
-    saturating = [dm for dm in c.d_models if sat[(dm, 1.0)]["degradation_after_best"] > c.saturation_margin]
+    saturating = [dm for dm in c.model.d_models if sat[(dm, 1.0)]["degradation_after_best"] > c.fit.saturation_margin]
     pairs = [(dm, s) for dm in saturating for s in sparse_ds]
     agree = [sat[(dm, s)]["degradation_after_best"] < sat[(dm, 1.0)]["degradation_after_best"] for dm, s in pairs]
     direct = float(np.mean(agree)) if pairs else math.nan
-    judgeable = len(c.d_models) >= 2 and c.max_epochs >= 4
+    judgeable = len(c.model.d_models) >= 2 and c.train.max_epochs >= 4
     # Judged on the direct measurement; the fitted R_D* (an ill-conditioned fit at toy scale) is reported.
 
     metrics.update({
@@ -379,10 +441,10 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
             "params": dataclasses.asdict(q), "stage_points": {str(k): v for k, v in fit.stage_points.items()},
             "stage_losses": {str(k): v for k, v in fit.stage_losses.items()}, "r2_fit_points": fit.r2,
             "fitted_r_d_star": {f"{s:g}": v for s, v in fitted_rd.items()},
-            "fitted_r_n_star": {f"{s:g}": float(law.r_n_star(s, q)) for s in c.densities},
-            "fitted_f": {f"{s:g}": float(law.density_factor(s, q)) for s in c.densities},
+            "fitted_r_n_star": {f"{s:g}": float(law.r_n_star(s, q)) for s in c.model.densities},
+            "fitted_f": {f"{s:g}": float(law.density_factor(s, q)) for s in c.model.densities},
             "in_sample_mean_rel_error": float(rel[~held].mean()), "in_sample_max_rel_error": float(rel[~held].max()),
-            "heldout_width": int(max(c.d_models)) if held.any() else None,
+            "heldout_width": int(max(c.model.d_models)) if held.any() else None,
             "heldout_mean_rel_error": float(rel[held].mean()) if held.any() else None,
             "heldout_max_rel_error": float(rel[held].max()) if held.any() else None,
         },
@@ -414,10 +476,11 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     else:
         p1 = ""
     sat_txt = "; ".join(
-        f"d={dm}: best epoch " + "/".join(f"{sat[(dm, s)]['best_epoch']:g}" for s in c.densities)
-        + ", overfit after best " + "/".join(f"{sat[(dm, s)]['degradation_after_best']:.3f}" for s in c.densities)
-        for dm in c.d_models)
-    held_txt = (f"held-out d={int(max(c.d_models))} mean/max rel. error {rel[held].mean():.1%}/{rel[held].max():.1%}"
+        f"d={dm}: best epoch " + "/".join(f"{sat[(dm, s)]['best_epoch']:g}" for s in c.model.densities)
+        + ", overfit after best " + "/".join(f"{sat[(dm, s)]['degradation_after_best']:.3f}" for s in c.model.densities)
+        for dm in c.model.d_models)
+    held_txt = (f"held-out d={int(max(c.model.d_models))} mean/max rel. error "
+                f"{rel[held].mean():.1%}/{rel[held].max():.1%}"
                 if held.any() else "no held-out size (fewer than 3 widths)")
     checks = []
     if part1 is not None:
@@ -425,8 +488,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                             f"{sum(r['match_2dp'] for r in part1['table'])}/{len(part1['table'])}",
                             "the spec's numbers from the paper's notebooks", "all", part1["all_match"],
                             required=False))
-    checks.append(Check("fitted R_D*(s) on the toy grid, densities " + "/".join(f"{s:g}" for s in c.densities),
-                        "/".join(f"{fitted_rd[s]:.2f}" for s in c.densities), "R_D* larger for sparse models",
+    checks.append(Check("fitted R_D*(s) on the toy grid, densities " + "/".join(f"{s:g}" for s in c.model.densities),
+                        "/".join(f"{fitted_rd[s]:.2f}" for s in c.model.densities), "R_D* larger for sparse models",
                         "larger for every sparse density than for dense", rd_later, required=False,
                         note="reported, not judged: the toy fit is ill-conditioned"))
     checks.append(Check("(width, density) pairs where the sparse model overfits less after its best epoch "
@@ -440,9 +503,9 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
              "sparse training delays data saturation; loss-optimal density is moderate and compute-optimal "
              "sparsity is higher and grows with data")
     context = (
-        p1 + f"(2) Tiny DST grid (widths {list(c.d_models)}, densities {list(c.densities)}, "
-        f"U={info['unique_tokens']:,} unique tokens replayed up to {c.max_epochs} epochs; loss floor "
-        f"{info['entropy_rate']:.3f} nats): per density {'/'.join(f'{s:g}' for s in c.densities)}: {sat_txt}. "
+        p1 + f"(2) Tiny DST grid (widths {list(c.model.d_models)}, densities {list(c.model.densities)}, "
+        f"U={info['unique_tokens']:,} unique tokens replayed up to {c.train.max_epochs} epochs; loss floor "
+        f"{info['entropy_rate']:.3f} nats): per density {'/'.join(f'{s:g}' for s in c.model.densities)}: {sat_txt}. "
         f"(3) Law fit on {int((~held).sum())} points: in-sample mean rel. error {rel[~held].mean():.1%} "
         f"(R^2 {fit.r2:.2f}{'; the law does not describe this toy grid well' if fit.r2 < 0.9 else ''}), {held_txt}. "
         "Delayed saturation is judged on the direct measurement. Caveat: epoch counts are read off one constant-LR "
@@ -467,8 +530,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
 
 
 def _plot_curves(runs, info, c: Config, workdir: pathlib.Path) -> str:
-    fig, axes = plotting.subplots(1, len(c.d_models), figsize=(4 * len(c.d_models), 3.3), squeeze=False)
-    for ax, dm in zip(axes[0], c.d_models):
+    fig, axes = plotting.subplots(1, len(c.model.d_models), figsize=(4 * len(c.model.d_models), 3.3), squeeze=False)
+    for ax, dm in zip(axes[0], c.model.d_models):
         for r in runs:
             if r["d_model"] != dm:
                 continue
@@ -484,7 +547,7 @@ def _plot_curves(runs, info, c: Config, workdir: pathlib.Path) -> str:
 def _plot_fit(n_act, u_seen, d_tok, dens, val_loss, held, width, q, c: Config, workdir: pathlib.Path) -> str:
     fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(10, 3.6))
     pred = _predict(q, n_act, u_seen, d_tok, dens)
-    for s, mk in zip(c.densities, "osd^v"):
+    for s, mk in zip(c.model.densities, "osd^v"):
         m = dens == s
         ax1.scatter(val_loss[m & ~held], pred[m & ~held], marker=mk, s=14, label=f"s={s:g} fit")
         if held.any():
@@ -494,8 +557,8 @@ def _plot_fit(n_act, u_seen, d_tok, dens, val_loss, held, width, q, c: Config, w
     ax1.plot([lo, hi], [lo, hi], "k--", lw=1)
     ax1.set(xlabel="observed validation loss", ylabel="law prediction", title="law fit vs observed")
     ax1.legend(fontsize=6)
-    dm = max(c.d_models)
-    for s in c.densities:
+    dm = max(c.model.d_models)
+    for s in c.model.densities:
         m = (width == dm) & (dens == s)
         order = np.argsort(d_tok[m])
         ax2.plot((d_tok[m] / u_seen.max())[order], val_loss[m][order], "o", ms=3, label=f"s={s:g} observed")
@@ -527,14 +590,18 @@ EXPERIMENT = registry.Experiment(
     slug="sparse_scaling",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(law_analysis=False, vocab_size=8, seq_len=8, unique_sequences=32, val_sequences=16,
-                                d_models=(8,), num_layers=1, densities=(1.0, 0.5), batch_size=16, max_epochs=2,
-                                first_epoch_fractions=(0.5,), warmup_steps=1, update_frequency=10_000,
-                                fit_grid="coarse", progress=False),
+        "smoke": lambda: Config(
+            law_analysis=False, data=DataSection(vocab_size=8, seq_len=8, unique_sequences=32, val_sequences=16),
+            model=ModelSection(d_models=(8,), num_layers=1, densities=(1.0, 0.5)),
+            train=TrainSection(batch_size=16, max_epochs=2, first_epoch_fractions=(0.5,), warmup_steps=1,
+                               update_frequency=10_000),
+            fit=FitSection(grid="coarse"), progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(d_models=(32, 64, 128, 256), densities=(1.0, 0.5, 0.25, 0.125, 0.0625),
-                                unique_sequences=8192, max_epochs=16, batch_size=64, seq_len=128,
-                                first_epoch_fractions=(0.0625, 0.125, 0.25, 0.5), update_frequency=100),
+        "paper": lambda: Config(
+            model=ModelSection(d_models=(32, 64, 128, 256), densities=(1.0, 0.5, 0.25, 0.125, 0.0625)),
+            data=DataSection(unique_sequences=8192, seq_len=128),
+            train=TrainSection(max_epochs=16, batch_size=64, first_epoch_fractions=(0.0625, 0.125, 0.25, 0.5),
+                               update_frequency=100)),
     },
     run=run,
 )

@@ -36,6 +36,11 @@ OVERRIDES = {
     "style_heads": ("--train.num-steps", "20", "train", "num_steps", 20, "--steer.head-counts"),
     "lm_arithmetic": ("--task.operations", "+ -", "task", "operations", ("+", "-"), "--eval.batch-size"),
     "ffd": ("--lm.answer-len", "4", "lm", "answer_len", 4, "--synth.needle-gaps"),
+    "online_covering": ("--steiner.requests", "4", "steiner", "requests", 4, "--diamond.levels"),
+    "sparse_scaling": ("--train.max-epochs", "3", "train", "max_epochs", 3, "--data.vocab-size"),
+    "eelma": ("--model.hidden", "64", "model", "hidden", 64, "--eval.bootstrap"),
+    "e2i_vrwkv": ("--train.steps", "5", "train", "steps", 5, "--cost.sizes"),
+    "mafe": ("--cem.iterations", "3", "cem", "iterations", 3, "--other.domains"),
 }
 
 
@@ -101,6 +106,11 @@ def test_help_lists_the_nested_fields(slug, capsys):
     ("style_heads", "--checks.claimed-heads", "3", "--checks.claimed-heads must be one of steer.head_counts=(1, 2); got 3"),
     ("lm_arithmetic", "--train.num-steps", "0", "--train.num-steps must be >= 1; got 0"),
     ("ffd", "--checks.main-delta", "3.0", "--checks.main-delta must be one of synth.deltas (2.0, 5.0); got 3.0"),
+    ("online_covering", "--lam", "1", "--lam must be > 1, got 1.0"),
+    ("sparse_scaling", "--train.max-epochs", "1", "--train.max-epochs must be >= 2 to measure repetition; got 1"),
+    ("eelma", "--data.gamma", "1", "--data.gamma must lie in [0, 1), got 1.0"),
+    ("e2i_vrwkv", "--checks.min-gain", "-1", "--checks.min-gain must be >= 0; got -1.0"),
+    ("mafe", "--eval.episodes", "1", "--eval.episodes must be >= 2, got 1"),
 ])
 def test_a_bad_nested_value_names_its_flag(slug, flag, value, message, tmp_path, capsys):
     assert cli.main(["run", slug, "--preset", "smoke", "--results-dir", str(tmp_path), flag, value]) == 2
