@@ -193,13 +193,8 @@ _FLAT_FIELDS = (
 def _cache_fields(c: Config) -> dict:
     """The config part of a run's cache key: the pre-sections flat fields by their old names, all but the
     ones a run's result does not depend on (progress and the cost settings)."""
-    def get(path):
-        obj = c
-        for part in path.split("."):
-            obj = getattr(obj, part)
-        return obj
     skip = ("progress", "cost_sizes", "timing_batch", "timing_repeats")
-    return {old: get(path) for old, path in _FLAT_FIELDS if old not in skip}
+    return registry.flat_fields(c, _FLAT_FIELDS, skip=skip)
 
 
 # ------------------------------------------------------------------ models

@@ -106,14 +106,7 @@ _FLAT_FIELDS = (
 def _fingerprint(c: Config) -> str:
     """The training run's fingerprint: the repr of the pre-sections flat config with progress=True
     (``Config(num_digits=3, operations=('+',), ...)``)."""
-    c = dataclasses.replace(c, progress=True)
-
-    def get(path):
-        obj = c
-        for part in path.split("."):
-            obj = getattr(obj, part)
-        return obj
-    return "Config(" + ", ".join(f"{old}={get(path)!r}" for old, path in _FLAT_FIELDS) + ")"
+    return registry.flat_repr(c, _FLAT_FIELDS, replace={"progress": True})
 
 
 def _task(c: Config) -> ArithmeticTask:

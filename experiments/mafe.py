@@ -154,12 +154,7 @@ _FLAT_FIELDS = (
 
 def _cache_fields(c: Config, skip: tuple[str, ...] = ("progress",)) -> dict:
     """The config part of a cache key: the pre-sections flat fields by their old names, but those in `skip`."""
-    def get(path):
-        obj = c
-        for part in path.split("."):
-            obj = getattr(obj, part)
-        return obj
-    return {old: get(path) for old, path in _FLAT_FIELDS if old not in skip}
+    return registry.flat_fields(c, _FLAT_FIELDS, skip=skip)
 
 
 def _cached(workdir, key: dict, fn):

@@ -165,12 +165,7 @@ _FLAT_FIELDS = (
 
 def _cache_fields(c: Config) -> dict:
     """The config part of every cache key: the pre-sections flat fields (all but `progress`) by their old names."""
-    def get(path):
-        obj = c
-        for part in path.split("."):
-            obj = getattr(obj, part)
-        return obj
-    return {old: get(path) for old, path in _FLAT_FIELDS}
+    return registry.flat_fields(c, _FLAT_FIELDS)
 
 
 def _instances(c: Config) -> list[tuple]:

@@ -170,12 +170,7 @@ _FLAT_FIELDS = (
 
 def _fingerprint(c: Config) -> str:
     """The training run's fingerprint: ``Config(size=32, patch=4, ...)``, the repr of the pre-sections flat config."""
-    def get(path):
-        obj = c
-        for part in path.split("."):
-            obj = getattr(obj, part)
-        return obj
-    return "Config(" + ", ".join(f"{old}={get(path)!r}" for old, path in _FLAT_FIELDS) + ")"
+    return registry.flat_repr(c, _FLAT_FIELDS)
 
 
 def _videos(c: Config, seed: int, n: int, frames: int, speed: float | None = None,

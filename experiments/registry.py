@@ -109,6 +109,30 @@ def cli_flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+def flat_fields(config: Any, fields, *, skip=(), replace=None) -> dict[str, Any]:
+    """A config split into sections seen as the flat config it replaced: ``{old_name: value}``.
+
+    `fields` holds ``(old_name, dotted_path)`` pairs (``("train_steps", "train.steps")``) in the old field
+    order; names in `skip` are left out and `replace` overrides values by old name. Experiments build their
+    checkpoint fingerprints and cache keys from this, so runs written before the split stay valid.
+    """
+    replace = replace or {}
+    out = {}
+    for old, path in fields:
+        if old in skip:
+            continue
+        value = config
+        for part in path.split("."):
+            value = getattr(value, part)
+        out[old] = replace.get(old, value)
+    return out
+
+
+def flat_repr(config: Any, fields, *, replace=None) -> str:
+    """``Config(size=32, patch=4, ...)``: the repr the flat config had (see `flat_fields`)."""
+    return "Config(" + ", ".join(f"{k}={v!r}" for k, v in flat_fields(config, fields, replace=replace).items()) + ")"
+
+
 # Field names checked for every experiment (leaf names, also inside nested config dataclasses).
 _POSITIVE_INT_NAMES = ("num_steps", "train_steps", "batch_size", "batch")
 _POSITIVE_INT_SUFFIXES = ("_batch_size", "_batch")

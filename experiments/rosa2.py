@@ -164,12 +164,7 @@ _FLAT_FIELDS = (
 
 def _flat_repr(c: Config) -> str:
     """``Config(num_symbols=8, length=5, ...)``: the repr of the pre-sections flat config (fingerprints)."""
-    def get(path):
-        obj = c
-        for part in path.split("."):
-            obj = getattr(obj, part)
-        return obj
-    return "Config(" + ", ".join(f"{old}={get(path)!r}" for old, path in _FLAT_FIELDS) + ")"
+    return registry.flat_repr(c, _FLAT_FIELDS)
 
 
 def _train(c: Config, users: MultiTurnUsers, workdir: epath.Path):

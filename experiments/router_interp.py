@@ -177,14 +177,7 @@ _FLAT_FIELDS = (
 def _lm_fingerprint(c: Config) -> str:
     """The LM run's fingerprint: the repr of the pre-sections flat config with ``worlds=()`` and
     ``progress=True`` (``Config(worlds=(), train_sequences=1000, ...)``)."""
-    c = dataclasses.replace(c, progress=True)
-
-    def get(path):
-        obj = c
-        for part in path.split("."):
-            obj = getattr(obj, part)
-        return obj
-    return "Config(" + ", ".join(f"{old}={() if old == 'worlds' else get(path)!r}" for old, path in _FLAT_FIELDS) + ")"
+    return registry.flat_repr(c, _FLAT_FIELDS, replace={"progress": True, "worlds": ()})
 
 
 # ------------------------------------------------------------------------------------------------

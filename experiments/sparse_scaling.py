@@ -154,12 +154,7 @@ _FLAT_FIELDS = (
 
 def _flat_fields(c: Config) -> dict:
     """The config as the pre-sections flat dict (``dataclasses.asdict`` of the old flat config)."""
-    def get(path):
-        obj = c
-        for part in path.split("."):
-            obj = getattr(obj, part)
-        return obj
-    return {old: get(path) for old, path in _FLAT_FIELDS}
+    return registry.flat_fields(c, _FLAT_FIELDS)
 
 
 # ----------------------------------------------------------------------------------------------

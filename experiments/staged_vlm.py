@@ -236,13 +236,7 @@ def flat_fields(c: Config) -> dict[str, Any]:
     """Every setting under its pre-sections flat name (``sft_steps``, ``rl_lr``, ...), as
     ``dataclasses.asdict`` of the old flat config gave it, so that cached warm starts and arm runs (keyed by
     these names) stay valid."""
-    out = {}
-    for name, path in _FLAT.items():
-        value = c
-        for part in path.split("."):
-            value = getattr(value, part)
-        out[name] = value
-    return out
+    return registry.flat_fields(c, _FLAT.items())
 
 
 # --- task encoding -----------------------------------------------------------------------------------

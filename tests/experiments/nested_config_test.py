@@ -117,3 +117,21 @@ def test_a_bad_nested_value_names_its_flag(slug, flag, value, message, tmp_path,
     err = capsys.readouterr().err
     assert f"bad config for {slug!r} [smoke]: {message}" in err, err
     assert not list(tmp_path.iterdir())  # nothing ran
+
+
+def test_flat_fields_and_repr_give_the_pre_sections_view():
+    @dataclasses.dataclass(frozen=True)
+    class Train:
+        steps: int = 3
+
+    @dataclasses.dataclass(frozen=True)
+    class Nested:
+        train: Train = Train()
+        seed: int = 0
+        progress: bool = False
+
+    pairs = (("train_steps", "train.steps"), ("seed", "seed"), ("progress", "progress"))
+    c = Nested()
+    assert registry.flat_fields(c, pairs) == {"train_steps": 3, "seed": 0, "progress": False}
+    assert registry.flat_fields(c, pairs, skip=("progress",)) == {"train_steps": 3, "seed": 0}
+    assert registry.flat_repr(c, pairs, replace={"progress": True}) == "Config(train_steps=3, seed=0, progress=True)"
