@@ -41,6 +41,8 @@ OVERRIDES = {
     "eelma": ("--model.hidden", "64", "model", "hidden", 64, "--eval.bootstrap"),
     "e2i_vrwkv": ("--train.steps", "5", "train", "steps", 5, "--cost.sizes"),
     "mafe": ("--cem.iterations", "3", "cem", "iterations", 3, "--other.domains"),
+    "conformal_pt": ("--sweep.seeds", "16", "sweep", "seeds", 16, "--stability.runs"),
+    "ope_mnar": ("--mnar.sample-size", "64", "mnar", "sample_size", 64, "--violation.strengths"),
 }
 
 
@@ -111,6 +113,8 @@ def test_help_lists_the_nested_fields(slug, capsys):
     ("eelma", "--data.gamma", "1", "--data.gamma must lie in [0, 1), got 1.0"),
     ("e2i_vrwkv", "--checks.min-gain", "-1", "--checks.min-gain must be >= 0; got -1.0"),
     ("mafe", "--eval.episodes", "1", "--eval.episodes must be >= 2, got 1"),
+    ("conformal_pt", "--stability.runs", "1", "--stability.runs must be >= 2; got 1"),
+    ("ope_mnar", "--mnar.missing-rate", "1.5", "--mnar.missing-rate must lie in (0, 1), got 1.5"),
 ])
 def test_a_bad_nested_value_names_its_flag(slug, flag, value, message, tmp_path, capsys):
     assert cli.main(["run", slug, "--preset", "smoke", "--results-dir", str(tmp_path), flag, value]) == 2
