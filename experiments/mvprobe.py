@@ -4,11 +4,11 @@ The paper's claim: fusing first-order probes with standardised Gram-based intera
 predicts a model's training data from its weights better than ProbeX on the Model Jungle (ResNet 92.24 vs
 81.61 %, DINO 78.29 vs 72.54 %; StatNN ~55 %). Here (spec section 5(d), an inferred small-scale analog):
 
-  * zoo (`algorithms.weight_space.zoo`): ``num_models`` MLPs 64 -> 32 -> 32 -> 10, fine-tuned from one shared
+  * zoo (`algorithms.weight_space.zoo`): ``zoo.num_models`` MLPs 64 -> 32 -> 32 -> 10, fine-tuned from one shared
     "pretrained" digits model (as Model Jungle members share a backbone), each on its own digits variant: a
     random subset of 5 of the 10 classes, a rotation by a multiple of 90 degrees and a label-noise level;
     built with `jax.vmap` and cached in the workdir (``zoo-<fingerprint>.npz``);
-  * input to every probe: one layer's weight matrix ``[d_out, d_in]`` (``probe_layer``, default the 32 x 32
+  * input to every probe: one layer's weight matrix ``[d_out, d_in]`` (``probe.layer``, default the 32 x 32
     hidden layer);
   * tasks, on held-out zoo members (70/15/15 split by member, best-validation checkpoint): ``classes`` (which
     classes a member was trained on; 10-way multi-hot, BCE, mean binary accuracy: the Model Jungle task),
@@ -56,54 +56,87 @@ _PAPER = {"mvprobe": 92.24, "probex": 81.61, "probex_x4": 87.16, "statnn": 55.20
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """mvprobe settings (every field can be overridden on the command line)."""
+class ZooSection:
+    """The model zoo: digits MLPs fine-tuned from one shared pretrained model (``--zoo.num-models 2000``)."""
 
-    # Zoo.
     num_models: int = 400
     hidden: tuple[int, ...] = (32, 32)
     num_subset_classes: int = 5
     noise_levels: tuple[float, ...] = (0.0, 0.3, 0.6)
-    zoo_steps: int = 150
-    zoo_batch_size: int = 128
+    steps: int = 150
+    batch_size: int = 128
     pretrain_steps: int = 300
     shared_init: bool = True
-    # Probes.
-    probe_layer: int = 1
-    tasks: tuple[str, ...] = _TASKS
-    methods: tuple[str, ...] = _METHODS
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProbeSection:
+    """The probes' input layer and sizes (r probes, projection p, representation R) (``--probe.n-probes 128``)."""
+
+    layer: int = 1
     n_probes: int = 16
     proj_dim: int = 16
     rep_dim: int = 64
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """Probe training, the same for every method (``--train.epochs 3000``)."""
+
     epochs: int = 200
     learning_rate: float = 1e-3
     weight_decay: float = 1e-5
     batch_size: int = 64
     eval_every: int = 25
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """mvprobe settings, in sections overridden on the command line as ``--probe.n-probes 32``."""
+
+    zoo: ZooSection = ZooSection()
+    probe: ProbeSection = ProbeSection()
+    train: TrainSection = TrainSection()
+    tasks: tuple[str, ...] = _TASKS
+    methods: tuple[str, ...] = _METHODS
     seeds: int = 3
     seed: int = 0
     progress: bool = True
 
     def __post_init__(self):
+        err = registry.ConfigError
         bad = [t for t in self.tasks if t not in _TASKS]
         if bad or not self.tasks:
-            raise ValueError(f"tasks: expected a non-empty subset of {_TASKS}, got {self.tasks}")
+            raise err("tasks", f"must be a non-empty subset of {_TASKS}; got {self.tasks}")
         missing = [m for m in ("mvprobe", "probex") if m not in self.methods]
         if missing or any(m not in _METHODS for m in self.methods):
-            raise ValueError(f"methods: expected a subset of {_METHODS} containing mvprobe and probex, "
-                             f"got {self.methods}")
+            raise err("methods", f"must be a subset of {_METHODS} containing mvprobe and probex; got {self.methods}")
         if self.seeds < 2:
-            raise ValueError(f"seeds: expected >= 2 (SE margins), got {self.seeds}")
-        if not 0 <= self.probe_layer <= len(self.hidden):
-            raise ValueError(f"probe_layer: expected in [0, {len(self.hidden)}], got {self.probe_layer}")
-        if self.num_models < 20:
-            raise ValueError(f"num_models: expected >= 20 (70/15/15 split), got {self.num_models}")
+            raise err("seeds", f"must be >= 2 (SE margins); got {self.seeds}")
+        if not 0 <= self.probe.layer <= len(self.zoo.hidden):
+            raise err("probe.layer", f"must lie in [0, {len(self.zoo.hidden)}] (zoo.hidden has "
+                      f"{len(self.zoo.hidden)} hidden layers); got {self.probe.layer}")
+        if self.zoo.num_models < 20:
+            raise err("zoo.num_models", f"must be >= 20 (70/15/15 split); got {self.zoo.num_models}")
+
+
+def _probe_cache_config(c: Config) -> dict:
+    """The probe cache key's config part under the flat field names it had before the config was nested (so
+    cached probe results still match)."""
+    z, p, t = c.zoo, c.probe, c.train
+    return {"num_models": z.num_models, "hidden": z.hidden, "num_subset_classes": z.num_subset_classes,
+            "noise_levels": z.noise_levels, "zoo_steps": z.steps, "zoo_batch_size": z.batch_size,
+            "pretrain_steps": z.pretrain_steps, "shared_init": z.shared_init, "probe_layer": p.layer,
+            "n_probes": p.n_probes, "proj_dim": p.proj_dim, "rep_dim": p.rep_dim, "epochs": t.epochs,
+            "learning_rate": t.learning_rate, "weight_decay": t.weight_decay, "batch_size": t.batch_size,
+            "eval_every": t.eval_every, "seed": c.seed}
 
 
 def _zoo_config(c: Config) -> zoo_lib.ZooConfig:
-    return zoo_lib.ZooConfig(num_models=c.num_models, hidden=c.hidden, num_subset_classes=c.num_subset_classes,
-                             noise_levels=c.noise_levels, steps=c.zoo_steps, batch_size=c.zoo_batch_size,
-                             shared_init=c.shared_init, pretrain_steps=c.pretrain_steps, seed=c.seed)
+    z = c.zoo
+    return zoo_lib.ZooConfig(num_models=z.num_models, hidden=z.hidden, num_subset_classes=z.num_subset_classes,
+                             noise_levels=z.noise_levels, steps=z.steps, batch_size=z.batch_size,
+                             shared_init=z.shared_init, pretrain_steps=z.pretrain_steps, seed=c.seed)
 
 
 def _targets(zoo: zoo_lib.Zoo, task: str):
@@ -118,18 +151,18 @@ def _make(method: str, c: Config, x_train: np.ndarray, n_out: int, key: int):
     """The probe: x_train is [n, d_H, d_W] weight matrices, or [n, 14] weight statistics for StatNN."""
     rngs = nnx.Rngs(key)
     if method == "statnn":
-        return mv.StatNN(n_out, mean=x_train.mean(0), std=x_train.std(0), hidden=c.rep_dim, rngs=rngs)
+        return mv.StatNN(n_out, mean=x_train.mean(0), std=x_train.std(0), hidden=c.probe.rep_dim, rngs=rngs)
     d_h, d_w = x_train.shape[1:]
-    kw = dict(n_probes=c.n_probes, proj_dim=c.proj_dim, rep_dim=c.rep_dim, rngs=rngs)
+    kw = dict(n_probes=c.probe.n_probes, proj_dim=c.probe.proj_dim, rep_dim=c.probe.rep_dim, rngs=rngs)
     if method == "mvprobe":
         return mv.MVProbe(d_h, d_w, n_out, **kw)
     if method == "probex":
         return mv.ProbeX(d_h, d_w, n_out, **kw)
-    return mv.ProbeX(d_h, d_w, n_out, **{**kw, "n_probes": 4 * c.n_probes})
+    return mv.ProbeX(d_h, d_w, n_out, **{**kw, "n_probes": 4 * c.probe.n_probes})
 
 
 def _one(c: Config, zoo: zoo_lib.Zoo, task: str, method: str, seed: int) -> dict:
-    x = zoo.layer_matrix(c.probe_layer).astype(np.float32)
+    x = zoo.layer_matrix(c.probe.layer).astype(np.float32)
     if method == "statnn":  # statistics hold no parameter: computed once, outside the training loop
         x = np.asarray(mv.weight_statistics(jax.numpy.asarray(x)))
     y, loss, n_out = _targets(zoo, task)
@@ -137,9 +170,10 @@ def _one(c: Config, zoo: zoo_lib.Zoo, task: str, method: str, seed: int) -> dict
     n_tr, n_va = int(0.7 * len(order)), int(0.15 * len(order))
     tr, va, te = order[:n_tr], order[n_tr:n_tr + n_va], order[n_tr + n_va:]
     model = _make(method, c, x[tr], n_out, 1000 * seed + 17)
+    t = c.train
     trained, hist = mv.train_probe(model, x[tr], y[tr], x[va], y[va], loss=loss,
-                                   key=jax.random.key(seed), epochs=c.epochs, lr=c.learning_rate,
-                                   weight_decay=c.weight_decay, batch_size=c.batch_size, eval_every=c.eval_every)
+                                   key=jax.random.key(seed), epochs=t.epochs, lr=t.learning_rate,
+                                   weight_decay=t.weight_decay, batch_size=t.batch_size, eval_every=t.eval_every)
     return {"test": 100 * mv.evaluate(trained, x[te], y[te], loss), "val": 100 * max(hist["val"]),
             "curve": [100 * v for v in hist["val"]], "epochs": hist["epoch"]}
 
@@ -164,7 +198,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     workdir = epath.Path(workdir)
     (xtr, ytr), (xte, yte) = load_digits(seed=c.seed)
     zoo = zoo_lib.build_zoo(_zoo_config(c), (xtr, ytr), (xte, yte), cache_dir=workdir, progress=c.progress)
-    base = {k: v for k, v in dataclasses.asdict(c).items() if k not in ("progress", "tasks", "methods", "seeds")}
+    base = _probe_cache_config(c)
     units = [(t, m, s) for t in c.tasks for m in c.methods for s in range(c.seeds)]
     res: dict = {}
     for t, m, s in tqdm.tqdm(units, desc="probes", disable=not c.progress):
@@ -177,7 +211,7 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         sel = zoo.rotation == r
         if sel.any():
             flat[f"zoo/test_acc_rot{90 * r}"] = float(zoo.test_acc[sel].mean())
-    for i, p in enumerate(c.noise_levels):
+    for i, p in enumerate(c.zoo.noise_levels):
         flat[f"zoo/test_acc_noise{p:g}"] = float(zoo.test_acc[zoo.noise == i].mean())
     table = {}
     for t in c.tasks:
@@ -217,9 +251,9 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                             "> 0", ds > 0, required=False, note=f"paired SE {ss:.2f}"))
 
     plots = [_plot_bars(c, flat, workdir), _plot_curves(c, res, workdir), _plot_zoo(c, zoo, workdir)]
-    context = (f"Zoo of {zoo.num_models} digits MLPs {64}->{'->'.join(map(str, c.hidden))}->10 (mean test acc "
-               f"{100 * flat['zoo/test_acc_mean']:.1f} % on their own tasks), probes on layer {c.probe_layer} "
-               f"(r = p = {c.n_probes}, R = {c.rep_dim}, {c.epochs} epochs), {c.seeds} seeds; test accuracy % "
+    context = (f"Zoo of {zoo.num_models} digits MLPs {64}->{'->'.join(map(str, c.zoo.hidden))}->10 (mean test acc "
+               f"{100 * flat['zoo/test_acc_mean']:.1f} % on their own tasks), probes on layer {c.probe.layer} "
+               f"(r = p = {c.probe.n_probes}, R = {c.probe.rep_dim}, {c.train.epochs} epochs), {c.seeds} seeds; test accuracy % "
                + "; ".join(f"{t}: " + ", ".join(f"{_LABELS[m]} {flat[f'{t}/{m}']:.1f}+-{flat[f'{t}/{m}_se']:.1f}"
                                                 for m in c.methods) + f" (chance {flat[f'{t}/chance']:.1f})"
                            for t in c.tasks)
@@ -227,8 +261,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     failed = [ch for ch in checks if ch.required and not ch.passed]
     cause_class = "scale" if failed else None
     cause = (f"MVProbe - ProbeX on classes seen measured {d:+.2f} +- {se:.2f} pts (SE over {c.seeds} seeds) "
-             f"with a {zoo.num_models}-member zoo of tiny MLPs ({c.probe_layer=} matrix "
-             f"{zoo.layer_matrix(c.probe_layer).shape[1:]}), r = p = {c.n_probes} and {c.epochs} epochs; the paper's "
+             f"with a {zoo.num_models}-member zoo of tiny MLPs (probe.layer={c.probe.layer} matrix "
+             f"{zoo.layer_matrix(c.probe.layer).shape[1:]}), r = p = {c.probe.n_probes} and {c.train.epochs} epochs; the paper's "
              "gap is on 100-class ResNet/ViT fine-tunes with r = p = 128 and 3000 epochs") if failed else ""
     text, ok = verdict_from_checks(
         checks, claim="MVProbe's Gram views beat ProbeX at predicting a model's training classes from its weights",
@@ -269,7 +303,7 @@ def _plot_curves(c, res, workdir):
 
 def _plot_zoo(c, zoo, workdir):
     fig, ax = plotting.subplots(figsize=(4.4, 3.2))
-    for i, p in enumerate(c.noise_levels):
+    for i, p in enumerate(c.zoo.noise_levels):
         ax.hist(100 * zoo.test_acc[zoo.noise == i], bins=20, alpha=0.6, label=f"label noise {p:g}")
     ax.set(xlabel="member test accuracy % (own task)", ylabel="members", title="the digits zoo")
     ax.legend(fontsize=7)
@@ -280,12 +314,14 @@ EXPERIMENT = registry.Experiment(
     slug="mvprobe",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(num_models=40, hidden=(16, 16), zoo_steps=20, pretrain_steps=30, n_probes=4,
-                                proj_dim=4, rep_dim=8, epochs=10, eval_every=5, seeds=2, tasks=("classes",),
-                                methods=("mvprobe", "probex"), progress=False),
+        "smoke": lambda: Config(
+            zoo=ZooSection(num_models=40, hidden=(16, 16), steps=20, pretrain_steps=30),
+            probe=ProbeSection(n_probes=4, proj_dim=4, rep_dim=8), train=TrainSection(epochs=10, eval_every=5),
+            seeds=2, tasks=("classes",), methods=("mvprobe", "probex"), progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(num_models=2000, seeds=5, n_probes=128, proj_dim=128, rep_dim=512, epochs=3000,
-                                learning_rate=3e-4, batch_size=128),
+        "paper": lambda: Config(
+            zoo=ZooSection(num_models=2000), probe=ProbeSection(n_probes=128, proj_dim=128, rep_dim=512),
+            train=TrainSection(epochs=3000, learning_rate=3e-4, batch_size=128), seeds=5),
     },
     run=run,
 )

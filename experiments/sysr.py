@@ -19,7 +19,7 @@ By default each model solves exactly round(acc N) prompts (its lowest latents), 
 the gaps and SR's difficulty are identical at every noise scale and only the similarity changes.
 
 SR and SySRs use the finite-pool budget reallocation of the official code (an extension of the
-paper's Algorithm 1; ``reallocate=False`` keeps budgets where the plain schedule fits only).
+paper's Algorithm 1; ``methods.reallocate=False`` keeps budgets where the plain schedule fits only).
 
 Recipe:
     python -m experiments run sysr --preset smoke     # seconds, used by the tests
@@ -53,10 +53,9 @@ _CACHE_VERSION = 2  # bump when the algorithms' random streams change (invalidat
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """sysr settings (every field can be overridden on the command line)."""
+class BenchSection:
+    """The synthetic K x N benchmark, one per noise scale (``--bench.noise-scales 0.5 inf``)."""
 
-    # Benchmark.
     num_models: int = 20
     num_prompts: int = 1000
     noise_scales: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, INF)
@@ -64,63 +63,100 @@ class Config:
     best_accuracy: float = 0.75
     worst_accuracy: float = 0.45
     exact_pool_means: bool = True  # each model solves exactly round(acc N) prompts: gaps fixed across s
-    # Budgets, as fractions of the K x N grid.
-    budget_min: float = 0.02
-    budget_max: float = 0.50
-    budget_step: float = 0.02
-    # Methods.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BudgetSection:
+    """Budgets, as fractions of the K x N grid: min, min + step, ..., max (``--budget.step 0.01``)."""
+
+    min: float = 0.02
+    max: float = 0.50
+    step: float = 0.02
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MethodsSection:
+    """The methods' runs and settings (``--methods.num-runs 200``)."""
+
     num_runs: int = 1000
     explorations: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0)
     ucb_noise_scales: tuple[float, ...] = (0.5,)  # benchmarks on which UCB-E baselines also run
     reallocate: bool = True
+    run_batch_size: int = 0  # 0: all runs in one compiled call
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """Confidence budgets and the observed speed-up (``--eval.taus 0.8 0.9``)."""
+
     taus: tuple[float, ...] = (0.7, 0.8, 0.9, 0.95, 1.0)
     speedup_error: float = 0.1  # observed speed-up: SR's budget over SySRs' budget to reach this error
-    run_batch_size: int = 0  # 0: all runs in one compiled call
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """sysr settings, in sections overridden on the command line as ``--methods.num-runs 200``."""
+
+    bench: BenchSection = BenchSection()
+    budget: BudgetSection = BudgetSection()
+    methods: MethodsSection = MethodsSection()
+    eval: EvalSection = EvalSection()
     seed: int = 0
     progress: bool = True
 
+    def __post_init__(self):
+        _validate(self)
+
 
 def _validate(c: Config) -> None:
-    if c.main_noise_scale not in c.noise_scales:
-        raise ValueError(f"main_noise_scale={c.main_noise_scale} must be one of noise_scales={c.noise_scales}")
-    missing = [s for s in c.ucb_noise_scales if s not in c.noise_scales]
+    err, b = registry.ConfigError, c.budget
+    if c.bench.main_noise_scale not in c.bench.noise_scales:
+        raise err("bench.main_noise_scale", f"must be one of bench.noise_scales={c.bench.noise_scales}; got "
+                  f"{c.bench.main_noise_scale}")
+    missing = [s for s in c.methods.ucb_noise_scales if s not in c.bench.noise_scales]
     if missing:
-        raise ValueError(f"ucb_noise_scales must be a subset of noise_scales={c.noise_scales}, got extra {missing}")
-    if not 0.0 < c.budget_min <= c.budget_max <= 1.0 or c.budget_step <= 0.0:
-        raise ValueError(f"need 0 < budget_min <= budget_max <= 1 and budget_step > 0, got "
-                         f"{c.budget_min}, {c.budget_max}, {c.budget_step}")
+        raise err("methods.ucb_noise_scales", f"must be a subset of bench.noise_scales={c.bench.noise_scales}, "
+                  f"got extra {missing}")
+    if not 0.0 < b.min <= b.max <= 1.0:
+        raise err("budget.min", f"and budget.max need 0 < budget.min <= budget.max <= 1; got {b.min}, {b.max}")
+    if b.step <= 0.0:
+        raise err("budget.step", f"must be > 0; got {b.step}")
 
 
 def _methods(c: Config, with_ucb: bool) -> list[tuple[str, str, float]]:
     out = [("SySRs", "sysr", 1.0), ("SR", "sr", 1.0), ("Naive (shared uniform)", "naive", 1.0),
            ("Uniform", "uniform", 1.0)]
     if with_ucb:
-        out += [(f"UCB-E (a={a:g})", "ucbe", a) for a in c.explorations]
-        out += [(f"Smart-UCB-E (a={a:g})", "smart_ucbe", a) for a in c.explorations]
+        out += [(f"UCB-E (a={a:g})", "ucbe", a) for a in c.methods.explorations]
+        out += [(f"Smart-UCB-E (a={a:g})", "smart_ucbe", a) for a in c.methods.explorations]
     return out
 
 
 def _grid(c: Config) -> tuple[np.ndarray, tuple[int, ...]]:
-    fr = np.round(np.arange(c.budget_min, c.budget_max + 1e-9, c.budget_step), 6)
-    budgets = best_arm.budgets_from_fractions(fr, c.num_models, c.num_prompts)
+    fr = np.round(np.arange(c.budget.min, c.budget.max + 1e-9, c.budget.step), 6)
+    budgets = best_arm.budgets_from_fractions(fr, c.bench.num_models, c.bench.num_prompts)
     keep, seen = [], set()
     for i, b in enumerate(budgets):  # one entry per distinct budget
         if b not in seen:
             seen.add(b)
             keep.append(i)
     budgets = tuple(budgets[i] for i in keep)
-    if not c.reallocate:
-        cap = best_arm.max_budget_without_reallocation(c.num_models, c.num_prompts)
+    if not c.methods.reallocate:
+        cap = best_arm.max_budget_without_reallocation(c.bench.num_models, c.bench.num_prompts)
         keep = [i for i, b in enumerate(budgets) if b <= cap]
         budgets = tuple(budgets[i] for i in keep)
-    fr = np.array(budgets, np.float64) / (c.num_models * c.num_prompts)
+    fr = np.array(budgets, np.float64) / (c.bench.num_models * c.bench.num_prompts)
     return fr, budgets
 
 
 def _cache_key(c: Config, s: float, method: str, a: float) -> str:
-    fields = {k: v for k, v in dataclasses.asdict(c).items() if k not in ("progress", "run_batch_size",
-                                                                          "ucb_noise_scales", "main_noise_scale",
-                                                                          "taus", "noise_scales", "explorations")}
+    # The flat field names of the config before it was nested, so cached runs still match.
+    bench, budget, methods = c.bench, c.budget, c.methods
+    fields = {"num_models": bench.num_models, "num_prompts": bench.num_prompts, "best_accuracy": bench.best_accuracy,
+              "worst_accuracy": bench.worst_accuracy, "exact_pool_means": bench.exact_pool_means,
+              "budget_min": budget.min, "budget_max": budget.max, "budget_step": budget.step,
+              "num_runs": methods.num_runs, "reallocate": methods.reallocate, "speedup_error": c.eval.speedup_error,
+              "seed": c.seed}
     blob = json.dumps({"v": _CACHE_VERSION, "c": fields, "s": str(s), "m": method, "a": a}, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
@@ -132,8 +168,9 @@ def _errors(c: Config, scores, s: float, method: str, a: float, budgets, workdir
         return np.load(cache)
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(c.seed), 1),
                              best_arm.METHODS.index(method) * 1000 + int(round(10 * math.log10(a))) + 50)
-    selected = best_arm.simulate(method, key, scores, budgets, num_runs=c.num_runs, reallocate=c.reallocate,
-                                 exploration=a, run_batch_size=c.run_batch_size or None)
+    selected = best_arm.simulate(method, key, scores, budgets, num_runs=c.methods.num_runs,
+                                 reallocate=c.methods.reallocate,
+                                 exploration=a, run_batch_size=c.methods.run_batch_size or None)
     err = best_arm.error_indicator(selected, scores).astype(np.uint8)
     cache.parent.mkdir(parents=True, exist_ok=True)
     np.save(cache, err)
@@ -166,20 +203,21 @@ def _label_s(s: float) -> str:
 def sweep(c: Config, fr: np.ndarray, budgets: tuple[int, ...], workdir: pathlib.Path) -> tuple[dict, dict]:
     """Every method at every budget on the benchmark of every noise scale: per-scale errors, curves,
     confidence budgets, paired SR - SySRs differences and hardness; and seconds per method."""
-    k_arms = c.num_models
+    k_arms = c.bench.num_models
     bench_key = jax.random.fold_in(jax.random.key(c.seed), 0)  # same draws at every noise scale
-    tasks = [(s, m) for s in c.noise_scales for m in _methods(c, s in c.ucb_noise_scales)]
+    tasks = [(s, m) for s in c.bench.noise_scales for m in _methods(c, s in c.methods.ucb_noise_scales)]
     bar = tqdm.tqdm(total=len(tasks), desc="sysr", disable=not c.progress)
     per_scale, timings = {}, {}
-    for s in c.noise_scales:
-        bench = best_arm.synthetic_benchmark(bench_key, num_models=k_arms, num_prompts=c.num_prompts, noise_scale=s,
-                                             best_accuracy=c.best_accuracy, worst_accuracy=c.worst_accuracy,
-                                             exact_pool_means=c.exact_pool_means)
+    for s in c.bench.noise_scales:
+        bench = best_arm.synthetic_benchmark(bench_key, num_models=k_arms, num_prompts=c.bench.num_prompts,
+                                             noise_scale=s,
+                                             best_accuracy=c.bench.best_accuracy, worst_accuracy=c.bench.worst_accuracy,
+                                             exact_pool_means=c.bench.exact_pool_means)
         scores = np.asarray(bench.scores)
         means = np.sort(scores.mean(axis=1))[::-1]
         h_sr, h_sy = best_arm.hardness_sr(scores), best_arm.hardness_sysr(scores)
         errs = {}
-        for label, method, a in _methods(c, s in c.ucb_noise_scales):
+        for label, method, a in _methods(c, s in c.methods.ucb_noise_scales):
             t0 = time.time()
             errs[label] = _errors(c, scores, s, method, a, budgets, workdir)
             timings.setdefault(label, 0.0)
@@ -187,9 +225,11 @@ def sweep(c: Config, fr: np.ndarray, budgets: tuple[int, ...], workdir: pathlib.
             bar.update(1)
         curves = {lab: e.mean(axis=1) for lab, e in errs.items()}
         mean_err = {lab: float(e.mean()) for lab, e in errs.items()}
-        cb = {lab: {f"{t:g}": best_arm.confidence_budget(fr, 1.0 - curves[lab], t) for t in c.taus} for lab in errs}
+        cb = {lab: {f"{t:g}": best_arm.confidence_budget(fr, 1.0 - curves[lab], t) for t in c.eval.taus}
+              for lab in errs}
         diff, se = _paired(errs["SR"], errs["SySRs"])
-        n_sr, n_sy = _budget_at(budgets, curves["SR"], c.speedup_error), _budget_at(budgets, curves["SySRs"], c.speedup_error)
+        level = c.eval.speedup_error
+        n_sr, n_sy = _budget_at(budgets, curves["SR"], level), _budget_at(budgets, curves["SySRs"], level)
         lb = best_arm.logbar(k_arms)
         per_scale[s] = {
             "errs": errs, "curves": curves, "mean_error": mean_err, "confidence_budget": cb,
@@ -207,8 +247,8 @@ def sweep(c: Config, fr: np.ndarray, budgets: tuple[int, ...], workdir: pathlib.
 def comparison_study(c: Config, per_scale: dict, fr: np.ndarray, workdir: pathlib.Path) -> Study:
     """SySRs against every baseline on the UCB benchmark(s): average error over budgets (no baseline
     significantly below SySRs: paired z > -2) and worst-case confidence budget CB(tau) (the lowest)."""
-    finite = [s for s in c.noise_scales if not math.isinf(s)]
-    ucb_scales = list(c.ucb_noise_scales)
+    finite = [s for s in c.bench.noise_scales if not math.isinf(s)]
+    ucb_scales = list(c.methods.ucb_noise_scales)
     labels = list(per_scale[ucb_scales[0]]["errs"]) if ucb_scales else ["SySRs", "SR", "Naive (shared uniform)",
                                                                          "Uniform"]
     comp_scales = ucb_scales or finite
@@ -224,11 +264,11 @@ def comparison_study(c: Config, per_scale: dict, fr: np.ndarray, workdir: pathli
     best_other = min((lab for lab in labels if lab != "SySRs"), key=lambda lab: avg_err[lab])
     lowest_avg = all(z > -2.0 for z in z_vs.values())  # no baseline significantly below SySRs
     strictly_lowest = avg_err["SySRs"] <= avg_err[best_other]
-    tau_cb = 0.95 if 0.95 in c.taus else c.taus[-1]
+    tau_cb = 0.95 if 0.95 in c.eval.taus else c.eval.taus[-1]
     worst_cb = {lab: max(per_scale[s]["confidence_budget"][lab][f"{tau_cb:g}"] for s in comp_scales) for lab in labels}
     lowest_cb = all(worst_cb["SySRs"] <= v for lab, v in worst_cb.items())
     worst_cb_by_tau = {f"{t:g}": {lab: max(per_scale[s]["confidence_budget"][lab][f"{t:g}"] for s in comp_scales)
-                                  for lab in labels} for t in c.taus}
+                                  for lab in labels} for t in c.eval.taus}
 
     def fmt_cb(v):
         return "not reached" if math.isinf(v) else f"{v:.0%}"
@@ -260,14 +300,14 @@ def comparison_study(c: Config, per_scale: dict, fr: np.ndarray, workdir: pathli
         "sysr_not_beaten_significantly": lowest_avg,
         "sysr_lowest_worst_case_cb": lowest_cb,
     }
-    return Study(checks, context, metrics, [_plot_main(per_scale[c.main_noise_scale], fr, c, workdir)])
+    return Study(checks, context, metrics, [_plot_main(per_scale[c.bench.main_noise_scale], fr, c, workdir)])
 
 
 def similarity_study(c: Config, per_scale: dict, fr: np.ndarray, workdir: pathlib.Path) -> Study:
     """The SySRs-over-SR saving against similarity: significant at the most similar scale (paired z > 3),
     non-increasing in s within 2 standard errors, and vanishing for independent models (|z| < 3 at s = inf);
     observed against hardness-predicted speed-ups."""
-    finite = [s for s in c.noise_scales if not math.isinf(s)]
+    finite = [s for s in c.bench.noise_scales if not math.isinf(s)]
     savings = [per_scale[s]["saving"] for s in sorted(finite)]
     slack = [2.0 * per_scale[s]["sr_minus_sysr_se"] / max(per_scale[s]["mean_error"]["SR"], 1e-9)
              for s in sorted(finite)]
@@ -280,9 +320,9 @@ def similarity_study(c: Config, per_scale: dict, fr: np.ndarray, workdir: pathli
     indep_z = indep["sr_minus_sysr"] / indep["sr_minus_sysr_se"] if indep and indep["sr_minus_sysr_se"] > 0 else 0.0
     vanishes = indep is None or abs(indep_z) < 3.0
 
-    gap_txt = ", ".join(f"s={_label_s(s)}: {per_scale[s]['saving']:+.0%}" for s in c.noise_scales)
-    speed_txt = ", ".join(f"s={_label_s(s)}: {per_scale[s]['observed_speedup']:.2f}x" for s in c.noise_scales)
-    pred_txt = ", ".join(f"{per_scale[s]['predicted_speedup']:.2f}x" for s in c.noise_scales)
+    gap_txt = ", ".join(f"s={_label_s(s)}: {per_scale[s]['saving']:+.0%}" for s in c.bench.noise_scales)
+    speed_txt = ", ".join(f"s={_label_s(s)}: {per_scale[s]['observed_speedup']:.2f}x" for s in c.bench.noise_scales)
+    pred_txt = ", ".join(f"{per_scale[s]['predicted_speedup']:.2f}x" for s in c.bench.noise_scales)
     checks = [
         Check("gap grows with similarity: paired z of SR - SySRs error at the most similar s",
               z_small, "SySRs beats SR when models are alike", "> 3",
@@ -293,7 +333,7 @@ def similarity_study(c: Config, per_scale: dict, fr: np.ndarray, workdir: pathli
               indep_z if indep is not None else "no s=inf benchmark", "no gain for independent models",
               "|z| < 3", vanishes),
     ]
-    context = (f"Budget to reach {c.speedup_error:.0%} error, SR/SySRs: {speed_txt} "
+    context = (f"Budget to reach {c.eval.speedup_error:.0%} error, SR/SySRs: {speed_txt} "
                f"(H_2/H_SySRs predicts {pred_txt})")
     metrics = {"gap_grows_with_similarity": gap_grows, "independent_paired_z": indep_z,
                "gap_vanishes_independent": vanishes}
@@ -338,8 +378,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         checks, claim="SySRs identifies the best model with fewer evaluations than Successive Rejects when the "
         "models are alike (the saving grows with similarity and vanishes for independent models), and has the "
         "lowest error and confidence budget among the baselines",
-        context=(f"K={c.num_models} models, N={c.num_prompts} prompts, budgets {fr[0]:.0%}-{fr[-1]:.0%} of the grid, "
-                 f"{c.num_runs} runs. {comparison.context}. {similarity.context}"))
+        context=(f"K={c.bench.num_models} models, N={c.bench.num_prompts} prompts, budgets {fr[0]:.0%}-{fr[-1]:.0%} of the grid, "
+                 f"{c.methods.num_runs} runs. {comparison.context}. {similarity.context}"))
     metrics = {
         "budget_fractions": fr.tolist(),
         "budgets": list(budgets),
@@ -381,7 +421,7 @@ def _plot_main(main, fr, c: Config, workdir: pathlib.Path) -> str:
         ls = "--" if lab.startswith("Smart") else ("-." if lab.startswith("UCB") else "-")
         ax.plot(100 * fr, cur, ls=ls, label=lab, **style)
     ax.set(xlabel="budget (% of the model x prompt grid)", ylabel="P(error)",
-           title=f"error vs budget, s={_label_s(c.main_noise_scale)} ({c.num_runs} runs)")
+           title=f"error vs budget, s={_label_s(c.bench.main_noise_scale)} ({c.methods.num_runs} runs)")
     ax.legend(fontsize=7, ncol=2)
     return report.savefig(fig, workdir / "error_vs_budget.png")
 
@@ -408,14 +448,14 @@ def _plot_similarity(per_scale, fr, c: Config, workdir: pathlib.Path) -> str:
 def _plot_hardness(per_scale, c: Config, workdir: pathlib.Path) -> str:
     fig, ax = plotting.subplots(figsize=(7, 4.2))
     colors = plotting.colormap("viridis")(np.linspace(0, 0.9, len(per_scale)))
-    floor = 0.5 / c.num_runs
+    floor = 0.5 / c.methods.num_runs
     xmax = 0.0
     for col, (s, v) in zip(colors, per_scale.items()):
         ax.plot(v["x_sysr"], np.maximum(v["curves"]["SySRs"], floor), color=col, lw=2, label=f"SySRs s={_label_s(s)}")
         ax.plot(v["x_sr"], np.maximum(v["curves"]["SR"], floor), color=col, lw=1, ls="--")
         xmax = max(xmax, float(np.max(v["x_sysr"])), float(np.max(v["x_sr"])))
     x = np.linspace(0, xmax, 50)
-    k = c.num_models
+    k = c.bench.num_models
     ax.plot(x, np.minimum(1.0, k * (k - 1) / 2 * np.exp(-x)), color="gray", ls=":", label="bound K(K-1)/2 e^-x")
     ax.set(yscale="log", xlabel="(n - K) / (logbar(K) H)   [H = H_SySRs solid, H_2 dashed]",
            ylabel="P(error) (floored at 0.5/runs)", title="empirical error vs hardness-normalised budget")
@@ -427,12 +467,14 @@ EXPERIMENT = registry.Experiment(
     slug="sysr",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(num_models=6, num_prompts=120, noise_scales=(0.5, INF), main_noise_scale=0.5,
-                                budget_min=0.05, budget_max=0.5, budget_step=0.15, num_runs=100,
-                                explorations=(1.0,), ucb_noise_scales=(0.5,), progress=False),
+        "smoke": lambda: Config(
+            bench=BenchSection(num_models=6, num_prompts=120, noise_scales=(0.5, INF), main_noise_scale=0.5),
+            budget=BudgetSection(min=0.05, max=0.5, step=0.15),
+            methods=MethodsSection(num_runs=100, explorations=(1.0,), ucb_noise_scales=(0.5,)), progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(num_models=50, num_prompts=3000, budget_min=0.01, budget_max=1.0, budget_step=0.01,
-                                ucb_noise_scales=(0.25, 0.5, 1.0, 2.0, INF)),
+        "paper": lambda: Config(
+            bench=BenchSection(num_models=50, num_prompts=3000), budget=BudgetSection(min=0.01, max=1.0, step=0.01),
+            methods=MethodsSection(ucb_noise_scales=(0.25, 0.5, 1.0, 2.0, INF))),
     },
     run=run,
 )

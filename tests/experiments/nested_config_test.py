@@ -43,6 +43,8 @@ OVERRIDES = {
     "mafe": ("--cem.iterations", "3", "cem", "iterations", 3, "--other.domains"),
     "conformal_pt": ("--sweep.seeds", "16", "sweep", "seeds", 16, "--stability.runs"),
     "ope_mnar": ("--mnar.sample-size", "64", "mnar", "sample_size", 64, "--violation.strengths"),
+    "sysr": ("--methods.num-runs", "50", "methods", "num_runs", 50, "--budget.step"),
+    "mvprobe": ("--probe.n-probes", "8", "probe", "n_probes", 8, "--train.epochs"),
 }
 
 
@@ -115,6 +117,8 @@ def test_help_lists_the_nested_fields(slug, capsys):
     ("mafe", "--eval.episodes", "1", "--eval.episodes must be >= 2, got 1"),
     ("conformal_pt", "--stability.runs", "1", "--stability.runs must be >= 2; got 1"),
     ("ope_mnar", "--mnar.missing-rate", "1.5", "--mnar.missing-rate must lie in (0, 1), got 1.5"),
+    ("sysr", "--budget.step", "0", "--budget.step must be > 0; got 0.0"),
+    ("mvprobe", "--probe.layer", "3", "--probe.layer must lie in [0, 2] (zoo.hidden has 2 hidden layers); got 3"),
 ])
 def test_a_bad_nested_value_names_its_flag(slug, flag, value, message, tmp_path, capsys):
     assert cli.main(["run", slug, "--preset", "smoke", "--results-dir", str(tmp_path), flag, value]) == 2
