@@ -9,13 +9,13 @@ a map-based navigation policy, the completion makes goal-object search more succ
 
 Setup (CPU scale, nothing downloaded; spec (d), [INFER]):
 
-  1. Data: `experiments.tasks.floorplans`: ``grid x grid`` floorplans (3-5 rooms, 1-cell walls, one 2-cell
+  1. Data: `experiments.tasks.floorplans`: ``data.grid x data.grid`` floorplans (3-5 rooms, 1-cell walls, one 2-cell
      door per split wall, one object per room whose category is the room type, K = 4), partial
-     observations from a random walk of 2-20 steps with ray-cast visibility (radius ``radius``). Train and
+     observations from a random walk of 2-20 steps with ray-cast visibility (radius ``data.radius``). Train and
      test maps come from disjoint seeds.
   2. Models: the three IR-SDE denoisers of `algorithms.vision.plmd` (obstacle, semantic with SPADE on the
      obstacle state, semantic-only without SPADE) trained jointly with the masked-L1 matching loss for
-     ``train_steps`` Adam steps of ``batch_size`` maps.
+     ``train.steps`` Adam steps of ``train.batch_size`` maps.
   3. Completion of the test maps' unknown cells by: ``none`` (unknown = free floor), ``semantic_only``
      (one chain, no obstacle prior), ``no_resample`` (PLMD without adaptive resampling) and ``plmd``.
   4. Metrics on the unknown cells of each test map: obstacle IoU (predicted vs true walls), semantic mIoU
@@ -24,10 +24,10 @@ Setup (CPU scale, nothing downloaded; spec (d), [INFER]):
   5. Navigation (`experiments.tasks.floorplan_nav`, spec (d) "toy navigation"): on each test map the agent
      starts at the end of the map's random walk with its known mask, and searches for a goal category
      not yet seen (maps where every category is already seen are left out); it observes by ray casting
-     as it moves and consults, every ``nav_consult_every`` steps, nothing (``frontier``: frontier
+     as it moves and consults, every ``nav.consult_every`` steps, nothing (``frontier``: frontier
      exploration + A*), the ``plmd`` completion, or the ``semantic_only`` completion of its partial map
      (go to the largest predicted goal component, replan when contradicted). Success: within
-     ``nav_success_dist`` cells (Chebyshev) of a goal-class cell within ``nav_max_steps`` moves; SPL with
+     ``nav.success_dist`` cells (Chebyshev) of a goal-class cell within ``nav.max_steps`` moves; SPL with
      the BFS shortest path on the true map.
 
 Checks (thresholds fixed before the run; per-map paired differences d_i, d = mean, SE = std(d_i)/sqrt(N)):
@@ -78,8 +78,8 @@ NAV_LABELS = {"frontier": "frontier + A*", "semantic_only": "semantic-only guide
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """plmd settings (every field can be overridden on the command line)."""
+class DataSection:
+    """Procedural floorplans and their partial observations (``--data.num-train 200``)."""
 
     grid: int = 24
     num_rooms: tuple[int, int] = (3, 5)
@@ -87,30 +87,69 @@ class Config:
     walk_steps: tuple[int, int] = (2, 20)
     num_train: int = 600
     num_test: int = 48
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    """The IR-SDE denoisers and the adaptive resampling of `algorithms.vision.plmd` (``--model.channels 8 16``)."""
+
     T: int = 20
     max_sigma: float = 60 / 255
     channels: tuple[int, ...] = (8, 16)
-    train_steps: int = 700
-    batch_size: int = 16
-    lr: float = 2e-3
     u_min: int = 1
     u_max: int = 3
-    nav_max_steps: int = 50
-    nav_consult_every: int = 10
-    nav_success_dist: int = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """Joint training of the denoisers (``--train.steps 100``)."""
+
+    steps: int = 700
+    batch_size: int = 16
+    lr: float = 2e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NavSection:
+    """The goal-object search episodes (``--nav.max-steps 30``)."""
+
+    max_steps: int = 50
+    consult_every: int = 10
+    success_dist: int = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """plmd settings, in sections overridden on the command line as ``--train.steps 100``."""
+
+    data: DataSection = DataSection()
+    model: ModelSection = ModelSection()
+    train: TrainSection = TrainSection()
+    nav: NavSection = NavSection()
     seed: int = 0
     progress: bool = True
 
+    def __post_init__(self):
+        _validate(self)
+
 
 def _validate(c: Config) -> None:
-    if c.grid % (2 ** (len(c.channels) - 1)):
-        raise ValueError(f"grid must be divisible by 2^(len(channels)-1) = {2 ** (len(c.channels) - 1)}, got {c.grid}")
-    if c.num_test < 2 or c.num_train < 1 or c.train_steps < 1:
-        raise ValueError(f"num_test must be >= 2 and num_train, train_steps >= 1, got {c.num_test}, {c.num_train}, "
-                         f"{c.train_steps}")
-    if c.nav_max_steps < 1 or c.nav_consult_every < 1 or c.nav_success_dist < 0:
-        raise ValueError(f"nav_max_steps, nav_consult_every must be >= 1 and nav_success_dist >= 0, got "
-                         f"{c.nav_max_steps}, {c.nav_consult_every}, {c.nav_success_dist}")
+    err, d, n = registry.ConfigError, c.data, c.nav
+    div = 2 ** (len(c.model.channels) - 1)
+    if d.grid % div:
+        raise err("data.grid", f"must be divisible by 2^(len(model.channels)-1) = {div}; got {d.grid}")
+    if d.num_test < 2:
+        raise err("data.num_test", f"must be >= 2; got {d.num_test}")
+    if d.num_train < 1:
+        raise err("data.num_train", f"must be >= 1; got {d.num_train}")
+    if c.train.steps < 1:
+        raise err("train.steps", f"must be >= 1; got {c.train.steps}")
+    if n.max_steps < 1:
+        raise err("nav.max_steps", f"must be >= 1; got {n.max_steps}")
+    if n.consult_every < 1:
+        raise err("nav.consult_every", f"must be >= 1; got {n.consult_every}")
+    if n.success_dist < 0:
+        raise err("nav.success_dist", f"must be >= 0; got {n.success_dist}")
 
 
 def _map_metrics(pred: np.ndarray, gt: np.ndarray, known: np.ndarray) -> dict[str, float]:
@@ -136,17 +175,16 @@ def _paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 
 def run(c: Config, workdir) -> dict:
-    _validate(c)
     workdir = epath.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    kw = dict(n=c.grid, num_rooms=c.num_rooms, radius=c.radius, walk_steps=c.walk_steps)
-    train = fp.make_dataset(c.seed * 1000 + 1, c.num_train, **kw)
-    test = fp.make_dataset(c.seed * 1000 + 2, c.num_test, **kw)
-    cfg = plmd_lib.PLMDConfig(num_labels=fp.NUM_LABELS, wall_label=fp.WALL, T=c.T, max_sigma=c.max_sigma,
-                              channels=c.channels, u_min=c.u_min, u_max=c.u_max, lr=c.lr)
+    kw = dict(n=c.data.grid, num_rooms=c.data.num_rooms, radius=c.data.radius, walk_steps=c.data.walk_steps)
+    train = fp.make_dataset(c.seed * 1000 + 1, c.data.num_train, **kw)
+    test = fp.make_dataset(c.seed * 1000 + 2, c.data.num_test, **kw)
+    cfg = plmd_lib.PLMDConfig(num_labels=fp.NUM_LABELS, wall_label=fp.WALL, T=c.model.T, max_sigma=c.model.max_sigma,
+                              channels=c.model.channels, u_min=c.model.u_min, u_max=c.model.u_max, lr=c.train.lr)
     models = plmd_lib.init_models(cfg, seed=c.seed)
-    history = plmd_lib.train(models, train, cfg, steps=c.train_steps, batch_size=c.batch_size, seed=c.seed,
+    history = plmd_lib.train(models, train, cfg, steps=c.train.steps, batch_size=c.train.batch_size, seed=c.seed,
                              progress=c.progress)
     t_train = time.time() - t0
     preds, accepted = {}, {}
@@ -158,7 +196,7 @@ def run(c: Config, workdir) -> dict:
         accepted[v] = out["accepted"]
         if not (preds[v][test["known"]] == test["labels"][test["known"]]).all():
             raise AssertionError(f"{v}: known cells changed by completion")
-    per = {m: [_map_metrics(preds[m][i], test["labels"][i], test["known"][i]) for i in range(c.num_test)]
+    per = {m: [_map_metrics(preds[m][i], test["labels"][i], test["known"][i]) for i in range(c.data.num_test)]
            for m in METHODS}
     t_nav = time.time()
     nav = _navigate(c, models, cfg, test)
@@ -193,9 +231,10 @@ def run(c: Config, workdir) -> dict:
         Check("obstacle IoU (unknown cells), PLMD - semantic-only", measured=round(d_obs, 4), paper="> 0",
               threshold=f"> 2 SE = {2 * se_obs:.4f}", passed=d_obs > 2 * se_obs, required=False),
     ]
-    context = (f"{c.num_test} test floorplans {c.grid}x{c.grid} ({c.num_rooms[0]}-{c.num_rooms[1]} rooms, ray radius "
-               f"{c.radius}), {c.train_steps} Adam steps of {c.batch_size} maps, T = {c.T}, U-Net channels "
-               f"{c.channels}; mIoU none/semantic-only/no-resample/PLMD = "
+    context = (f"{c.data.num_test} test floorplans {c.data.grid}x{c.data.grid} ({c.data.num_rooms[0]}-"
+               f"{c.data.num_rooms[1]} rooms, ray radius {c.data.radius}), {c.train.steps} Adam steps of "
+               f"{c.train.batch_size} maps, T = {c.model.T}, U-Net channels {c.model.channels}; "
+               "mIoU none/semantic-only/no-resample/PLMD = "
                + "/".join(f"{summary[m]['miou']:.3f}" for m in METHODS)
                + "; final train losses (obstacle, semantic, semantic-only) = "
                + ", ".join(f"{history[-1][k]:.4f}" for k in ("obstacle", "semantic", "semantic_only")))
@@ -208,8 +247,8 @@ def run(c: Config, workdir) -> dict:
     d, se = nav["paired"]["spl_plmd_minus_semantic_only"]
     checks.append(Check("navigation SPL, PLMD-guided - semantic-only-guided", measured=round(d, 4), paper="> 0 (spec's B2 > B1)",
                         threshold=f"> 2 SE = {2 * se:.4f}", passed=d > 2 * se and d > 0, required=False))
-    context += ("; navigation (" + f"{nav['episodes']} episodes, budget {c.nav_max_steps} moves, consult every "
-                f"{c.nav_consult_every}): success frontier/semantic-only/PLMD = "
+    context += ("; navigation (" + f"{nav['episodes']} episodes, budget {c.nav.max_steps} moves, consult every "
+                f"{c.nav.consult_every}): success frontier/semantic-only/PLMD = "
                 + "/".join(f"{ns[a]['success']:.3f}" for a in NAV_AGENTS) + ", SPL = "
                 + "/".join(f"{ns[a]['spl']:.3f}" for a in NAV_AGENTS))
     required_ok = all(ch.passed for ch in checks if ch.required)
@@ -221,7 +260,7 @@ def run(c: Config, workdir) -> dict:
     else:
         failed = [ch.name for ch in checks if ch.required and not ch.passed]
         cause, cause_class = ("failing at this scale: " + "; ".join(failed) + f". The denoisers are undertrained "
-                              f"({c.train_steps} CPU steps of ~10^4-parameter U-Nets on a 4-category toy world; the "
+                              f"({c.train.steps} CPU steps of ~10^4-parameter U-Nets on a 4-category toy world; the "
                               f"code trains 1M steps): PLMD predicts only {summary['plmd']['object_cells']} "
                               f"object cells on the test maps, so its wall-violation rate rests on few cells, and "
                               f"the PLMD-guided agent had a goal prediction to follow on "
@@ -258,9 +297,9 @@ def _navigate(c: Config, models, cfg, test) -> dict:
 
         fn = None if agent == "frontier" else complete_fn
         runs[agent] = plmd_nav.run_episodes(test["labels"], test["known"], test["start"], goal,
-                                            max_steps=c.nav_max_steps, radius=c.radius,
-                                            success_dist=c.nav_success_dist, complete_fn=fn,
-                                            consult_every=c.nav_consult_every, progress=c.progress,
+                                            max_steps=c.nav.max_steps, radius=c.data.radius,
+                                            success_dist=c.nav.success_dist, complete_fn=fn,
+                                            consult_every=c.nav.consult_every, progress=c.progress,
                                             desc=f"navigate ({agent})")
     ok = valid & (runs["frontier"]["shortest"] > 0)
     n = int(ok.sum())
@@ -342,13 +381,15 @@ EXPERIMENT = registry.Experiment(
     slug="plmd",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(grid=16, num_rooms=(2, 3), radius=5, num_train=16, num_test=4, T=4, channels=(4,),
-                                train_steps=2, batch_size=4, u_max=1, nav_max_steps=12, nav_consult_every=6,
-                                progress=False),
+        "smoke": lambda: Config(data=DataSection(grid=16, num_rooms=(2, 3), radius=5, num_train=16, num_test=4),
+                                model=ModelSection(T=4, channels=(4,), u_max=1),
+                                train=TrainSection(steps=2, batch_size=4),
+                                nav=NavSection(max_steps=12, consult_every=6), progress=False),
         "quick": lambda: Config(),
-        "paper": lambda: Config(grid=32, num_rooms=(3, 6), radius=8, num_train=20000, num_test=200, T=50,
-                                max_sigma=60 / 255, channels=(32, 64, 128), train_steps=20000, batch_size=32,
-                                lr=2e-4, u_min=4, u_max=25, nav_max_steps=100),
+        "paper": lambda: Config(data=DataSection(grid=32, num_rooms=(3, 6), radius=8, num_train=20000, num_test=200),
+                                model=ModelSection(T=50, max_sigma=60 / 255, channels=(32, 64, 128), u_min=4, u_max=25),
+                                train=TrainSection(steps=20000, batch_size=32, lr=2e-4),
+                                nav=NavSection(max_steps=100)),
     },
     run=run,
 )

@@ -99,8 +99,11 @@ def test_task_bad_input_names_argument():
 
 
 def test_experiment_noiseless_ai_grader_is_perfect(tmp_path):
-    cfg = dataclasses.replace(E.EXPERIMENT.config("smoke"), ocr_step_rate=0.0, flip_rate=0.0, num_students=30,
-                              ocr_sweep=(0.0,), num_replicates=2)
+    smoke = E.EXPERIMENT.config("smoke")
+    cfg = dataclasses.replace(smoke, ai=dataclasses.replace(smoke.ai, ocr_step_rate=0.0, flip_rate=0.0),
+                              quiz=dataclasses.replace(smoke.quiz, num_students=30),
+                              sweep=E.SweepSection(ocr_rates=(0.0,)),
+                              protocol=dataclasses.replace(smoke.protocol, num_replicates=2))
     out = E.run(cfg, tmp_path)
     m = out["metrics"]
     assert m["ai_vs_truth"]["exact"] == 1.0 and m["ai_vs_truth"]["qwk"] == 1.0
@@ -113,9 +116,9 @@ def test_experiment_noiseless_ai_grader_is_perfect(tmp_path):
 
 
 def test_config_errors_name_the_field():
-    with pytest.raises(registry.ConfigError, match="reference_ta"):
-        E.Config(reference_ta="TA-9")
-    with pytest.raises(registry.ConfigError, match="aggregation"):
-        E.Config(aggregation="vote")
-    with pytest.raises(registry.ConfigError, match="graders"):
-        E.Config(graders=(("TA-1", 0.0, 0.4), ("TA-2", 0.0, 0.4)))
+    with pytest.raises(registry.ConfigError, match="protocol.reference_ta"):
+        E.Config(protocol=E.ProtocolSection(reference_ta="TA-9"))
+    with pytest.raises(registry.ConfigError, match="ai.aggregation"):
+        E.Config(ai=E.AiSection(aggregation="vote"))
+    with pytest.raises(registry.ConfigError, match="protocol.graders"):
+        E.Config(protocol=E.ProtocolSection(graders=(("TA-1", 0.0, 0.4), ("TA-2", 0.0, 0.4))))

@@ -45,6 +45,9 @@ OVERRIDES = {
     "ope_mnar": ("--mnar.sample-size", "64", "mnar", "sample_size", 64, "--violation.strengths"),
     "sysr": ("--methods.num-runs", "50", "methods", "num_runs", 50, "--budget.step"),
     "mvprobe": ("--probe.n-probes", "8", "probe", "n_probes", 8, "--train.epochs"),
+    "calculus_grading": ("--ai.num-runs", "4", "ai", "num_runs", 4, "--sweep.ocr-rates"),
+    "hyper_icl": ("--adapter.steps", "5", "adapter", "steps", 5, "--eval.num-queries"),
+    "plmd": ("--train.steps", "5", "train", "steps", 5, "--nav.consult-every"),
 }
 
 
@@ -119,6 +122,9 @@ def test_help_lists_the_nested_fields(slug, capsys):
     ("ope_mnar", "--mnar.missing-rate", "1.5", "--mnar.missing-rate must lie in (0, 1), got 1.5"),
     ("sysr", "--budget.step", "0", "--budget.step must be > 0; got 0.0"),
     ("mvprobe", "--probe.layer", "3", "--probe.layer must lie in [0, 2] (zoo.hidden has 2 hidden layers); got 3"),
+    ("calculus_grading", "--ai.num-runs", "0", "--ai.num-runs must be >= 1, got 0"),
+    ("hyper_icl", "--task.num-demos", "3", "--task.num-demos must be <= task.max_demos=2; got 3"),
+    ("plmd", "--data.num-test", "1", "--data.num-test must be >= 2; got 1"),
 ])
 def test_a_bad_nested_value_names_its_flag(slug, flag, value, message, tmp_path, capsys):
     assert cli.main(["run", slug, "--preset", "smoke", "--results-dir", str(tmp_path), flag, value]) == 2
