@@ -565,7 +565,6 @@ def headline(metrics: Mapping[str, Any]) -> str:
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    _validate(c)
     workdir = epath.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(c.seed)

@@ -188,7 +188,6 @@ def headline(metrics: Mapping[str, Any]) -> str:
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    _validate(c)
     workdir = epath.Path(workdir)
     base = om.SimParams(reward_type=c.sim.reward_type)
     truth_key, cal_key, rate_key = (jax.random.fold_in(jax.random.key(c.seed), 10 ** 6 + i) for i in range(3))

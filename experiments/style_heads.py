@@ -342,7 +342,6 @@ def _hv(points: list[dict], ykey: str) -> float:
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    _validate(c)
     workdir = epath.Path(workdir)
     t0 = time.time()
     corpus = sc.StyleCorpus(max_operand=c.corpus.max_operand, marker_prob=c.corpus.marker_prob, seed=c.seed)

@@ -367,7 +367,6 @@ def headline(metrics: Mapping[str, Any]) -> str:
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    _validate(c)
     workdir = epath.Path(workdir)
     fr, budgets = _grid(c)
     per_scale, timings = sweep(c, fr, budgets, workdir)

@@ -128,6 +128,14 @@ def tpu_tile_bytes(rows: int, lanes: int, itemsize: int) -> int:
     return -(-rows // sub) * sub * -(-lanes // 128) * 128 * itemsize
 
 
+def splits_within_vmem(units: int, unit_bytes: int, splits: int, max_splits: int) -> int:
+    """`splits` doubled until one split's share of `units` (tokens, pages) of `unit_bytes` VMEM each fits
+    `TPU_BLOCK_VMEM_BUDGET`, capped at `max_splits` (>= 1)."""
+    while splits < max_splits and -(-units // splits) * unit_bytes > TPU_BLOCK_VMEM_BUDGET:
+        splits *= 2
+    return max(1, min(splits, max_splits))
+
+
 def pad_axis(a: jax.Array, axis: int, size: int, value=0) -> jax.Array:
     """`a` padded with `value` at the end of `axis` up to `size` (unchanged when already that size)."""
     if a.shape[axis] == size:

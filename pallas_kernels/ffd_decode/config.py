@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pallas_kernels._backend import TPU_BLOCK_VMEM_BUDGET
+from pallas_kernels._backend import splits_within_vmem
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,7 +39,4 @@ class FFDBlockSizes:
         fit `_backend.TPU_BLOCK_VMEM_BUDGET` (2 splits of a 32k-token cache took 20 MiB > v5e's 16 MiB)."""
         want = max(1, 128 // max(batch * kv_heads, 1))
         splits = max(1, min(want, num_pages, 128))
-        while page_vmem_bytes and splits < num_pages and -(-num_pages // splits) * page_vmem_bytes > \
-                TPU_BLOCK_VMEM_BUDGET:
-            splits *= 2
-        return cls(num_splits=min(splits, num_pages))
+        return cls(num_splits=splits_within_vmem(num_pages, page_vmem_bytes, splits, num_pages))

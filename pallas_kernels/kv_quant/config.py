@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pallas_kernels._backend import TPU_BLOCK_VMEM_BUDGET, is_power_of_two, tpu_tile_bytes
+from pallas_kernels._backend import is_power_of_two, splits_within_vmem, tpu_tile_bytes
 from pallas_kernels.decode_attention.config import DecodeBlockSizes
 
 
@@ -55,13 +55,10 @@ def tpu_block_bytes_per_key(arrays) -> int:
 
 def quant_decode_default(*, seq_len: int, batch: int, cache, implementation: str) -> DecodeBlockSizes:
     """The dense shell's default tiling, with more splits on TPU until each split's cache blocks fit
-    `_backend.TPU_BLOCK_VMEM_BUDGET` (the 40 MiB that 16 splits of a 32k-token cache took failed to compile)."""
+    `_backend.TPU_BLOCK_VMEM_BUDGET` (`_backend.splits_within_vmem`; the 40 MiB that 16 splits of a 32k-token cache took failed to compile)."""
     bs = DecodeBlockSizes.default(seq_len=seq_len, batch=batch, implementation=implementation)
     if implementation != "pallas_tpu":
         return bs
-    per_key = tpu_block_bytes_per_key(cache)
     tiles = max(1, -(-seq_len // bs.block_k))
-    splits = bs.num_splits
-    while splits < tiles and -(-seq_len // splits) * per_key > TPU_BLOCK_VMEM_BUDGET:
-        splits *= 2
-    return dataclasses.replace(bs, num_splits=min(splits, tiles))
+    splits = splits_within_vmem(seq_len, tpu_block_bytes_per_key(cache), bs.num_splits, tiles)
+    return dataclasses.replace(bs, num_splits=splits)
