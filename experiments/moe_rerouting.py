@@ -19,12 +19,12 @@ Set-up (the spec's CPU plan, section 6(d) of `papers/specs/inference_moe.md`):
    the nearest training documents (needs training data; the paper's method does not).
 4. Metrics: teacher-forced continuation NLL with the bias fitted on the prompt (prefill round),
    and free-running greedy exact match of the continuation with continuous rerouting (re-fitted
-   every `interval` generated tokens, KV cache recomputed). Exact match is reported on the
+   every ``reroute.interval`` generated tokens, KV cache recomputed). Exact match is reported on the
    deterministic continuations (copy and arithmetic answers); Markov text is judged by NLL.
-   The exact-match claim is judged on its own, larger set of shifted prompts (``em_prompts_per_family``
+   The exact-match claim is judged on its own, larger set of shifted prompts (``eval.em_prompts_per_family``
    per shifted family, >= 500 copy/arithmetic answers at the quick preset) by a paired test of the
    same prompts with and without rerouting: McNemar's exact test, the one-sided binomial tail of the
-   discordant pairs (`mcnemar_exact`), at the level ``em_alpha`` fixed before the run.
+   discordant pairs (`mcnemar_exact`), at the level ``eval.em_alpha`` fixed before the run.
 5. Sweeps over optimiser steps (all layers vs selected layers: over-adaptation), learning rate and
    adaptation interval.
 
@@ -35,7 +35,7 @@ copy/arithmetic answers rises above the base model. The paper's statement behind
 rerouting improves generation accuracy ("+5.5% HumanEval on OLMoE", spec section 6(c); the CPU plan
 6(d): "selected-layer TTA improves continuation NLL/accuracy over base"). Issue 33: the earlier rule,
 exact match strictly above base on 64 prompts (binomial SE about 0.05), decided on one prompt; the
-check now asks for a rise beyond chance, McNemar's one-sided exact p < ``em_alpha`` = 0.05 on >= 500
+check now asks for a rise beyond chance, McNemar's one-sided exact p < ``eval.em_alpha`` = 0.05 on >= 500
 paired prompts. Whether it beats the retrieval baseline and
 all-layer adaptation, and whether all-layer adaptation over-adapts at many steps, are reported
 separately.
@@ -70,64 +70,108 @@ SHIFTED = tuple(f for f in EVAL_FAMILIES if f != "in_distribution")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """Settings of the moe_rerouting experiment.
+class TrainSection:
+    """LM training on the domain mixture (``--train.steps 1200``)."""
+
+    seq_len: int = 64
+    batch_size: int = 32
+    steps: int = 600
+    learning_rate: float = 3e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """The evaluation prompts (``--eval.em-prompts-per-family 300``).
 
     Attributes:
-      model: the MoE LM (`MoELMConfig`: width, layers, heads, expert width ``d_ff``, and its ``moe``
-        section with ``num_experts`` and the top-k ``experts_per_token``); vocabulary from the task.
-      seq_len, batch_size, train_steps, learning_rate: LM training on the domain mixture.
-      eval_per_family: prompts per evaluation family (NLL study, and exact match of every method).
+      per_family: prompts per evaluation family (NLL study, and exact match of every method).
       em_prompts_per_family: prompts per shifted family of the paired exact-match test (base vs
         selected-layer rerouting; only the copy/arithmetic answers count: all of unseen lengths and
         interleaved, 2/3 of the distracting turns, none of the rare Markov domain).
       em_alpha: one-sided level of McNemar's exact test that exact match rises above base.
       prompt_len, cont_len: token blocks of the prompt (BOS included) and the continuation.
-      rho, steps, reroute_lr, interval, l2: rerouting settings (`RerouteConfig`) of every method.
-      bank_size, num_neighbors: the retrieval baseline's training-document bank and neighbours.
-      sweep_steps, sweep_lrs, sweep_intervals: the sweeps (interval 0 = prefill round only).
+    """
+
+    per_family: int = 24
+    em_prompts_per_family: int = 192
+    em_alpha: float = 0.05
+    prompt_len: int = 40
+    cont_len: int = 10
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RerouteSection:
+    """Rerouting settings (`RerouteConfig`) of every method: the share rho of confident layers, Adam steps and
+    learning rate per round, re-fit interval in generated tokens and L2 weight (``--reroute.steps 10``)."""
+
+    rho: float = 0.5
+    steps: int = 5
+    learning_rate: float = 5e-2
+    interval: int = 4
+    l2: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetrievalSection:
+    """The retrieval (C3PO-style) baseline: its training-document bank and neighbours
+    (``--retrieval.bank-size 512``)."""
+
+    bank_size: int = 256
+    num_neighbors: int = 8
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepSection:
+    """The sweeps of optimiser steps, learning rates and adaptation intervals (interval 0 = prefill round only)
+    (``--sweep.steps 1 3 10``)."""
+
+    steps: tuple[int, ...] = (1, 3, 10, 30)
+    lrs: tuple[float, ...] = (1e-2, 5e-2, 2e-1)
+    intervals: tuple[int, ...] = (2, 4, 0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """moe_rerouting settings, in sections overridden on the command line as ``--reroute.rho 0.25``.
+
+    Attributes:
+      model: the MoE LM (`MoELMConfig`: width, layers, heads, expert width ``d_ff``, and its ``moe``
+        section with ``num_experts`` and the top-k ``experts_per_token``); vocabulary from the task.
+      train, eval, reroute, retrieval, sweep: see their sections.
       seed: seed of the domains, the LM init and the evaluation prompts.
       progress: tqdm bars.
     """
 
     model: MoELMConfig = MoELMConfig(d_model=64, num_layers=4, num_heads=4, num_kv_heads=2, d_ff=128,
                                      moe=MoEConfig(num_experts=8, experts_per_token=2))
-    seq_len: int = 64
-    batch_size: int = 32
-    train_steps: int = 600
-    learning_rate: float = 3e-3
-    eval_per_family: int = 24
-    em_prompts_per_family: int = 192
-    em_alpha: float = 0.05
-    prompt_len: int = 40
-    cont_len: int = 10
-    rho: float = 0.5
-    steps: int = 5
-    reroute_lr: float = 5e-2
-    interval: int = 4
-    l2: float = 0.0
-    bank_size: int = 256
-    num_neighbors: int = 8
-    sweep_steps: tuple[int, ...] = (1, 3, 10, 30)
-    sweep_lrs: tuple[float, ...] = (1e-2, 5e-2, 2e-1)
-    sweep_intervals: tuple[int, ...] = (2, 4, 0)
+    train: TrainSection = TrainSection()
+    eval: EvalSection = EvalSection()
+    reroute: RerouteSection = RerouteSection()
+    retrieval: RetrievalSection = RetrievalSection()
+    sweep: SweepSection = SweepSection()
     seed: int = 0
     progress: bool = True
 
-
-def _validate(c: Config) -> None:
-    if not 0.0 < c.em_alpha < 1.0:
-        raise ValueError(f"em_alpha must be in (0, 1); got {c.em_alpha}")
-    for name in ("seq_len", "batch_size", "train_steps", "eval_per_family",  # c.model checks its own fields
-                 "em_prompts_per_family", "prompt_len", "cont_len", "bank_size", "num_neighbors", "interval"):
-        if getattr(c, name) < 1:
-            raise ValueError(f"{name} must be >= 1; got {getattr(c, name)}")
-    if c.num_neighbors > c.bank_size:
-        raise ValueError(f"num_neighbors must be <= bank_size={c.bank_size}; got {c.num_neighbors}")
-    if c.prompt_len < 8:
-        raise ValueError(f"prompt_len must be >= 8; got {c.prompt_len}")
-    if any(s < 0 for s in c.sweep_steps) or any(i < 0 for i in c.sweep_intervals):
-        raise ValueError(f"sweep_steps and sweep_intervals must be >= 0; got {c.sweep_steps}, {c.sweep_intervals}")
+    def __post_init__(self):
+        err, e, r = registry.ConfigError, self.eval, self.retrieval
+        if not 0.0 < e.em_alpha < 1.0:
+            raise err("eval.em_alpha", f"must be in (0, 1); got {e.em_alpha}")
+        for path, value in (("train.seq_len", self.train.seq_len), ("train.batch_size", self.train.batch_size),
+                            ("train.steps", self.train.steps),
+                            ("eval.per_family", e.per_family), ("eval.em_prompts_per_family", e.em_prompts_per_family),
+                            ("eval.prompt_len", e.prompt_len), ("eval.cont_len", e.cont_len),
+                            ("retrieval.bank_size", r.bank_size), ("retrieval.num_neighbors", r.num_neighbors),
+                            ("reroute.interval", self.reroute.interval)):  # self.model checks its own fields
+            if value < 1:
+                raise err(path, f"must be >= 1; got {value}")
+        if r.num_neighbors > r.bank_size:
+            raise err("retrieval.num_neighbors", f"must be <= retrieval.bank_size={r.bank_size}; got {r.num_neighbors}")
+        if e.prompt_len < 8:
+            raise err("eval.prompt_len", f"must be >= 8; got {e.prompt_len}")
+        if any(n < 0 for n in self.sweep.steps):
+            raise err("sweep.steps", f"must be >= 0; got {self.sweep.steps}")
+        if any(i < 0 for i in self.sweep.intervals):
+            raise err("sweep.intervals", f"must be >= 0; got {self.sweep.intervals}")
 
 
 def _train_lm(c: Config, task: DomainTask, workdir: pathlib.Path):
@@ -137,15 +181,15 @@ def _train_lm(c: Config, task: DomainTask, workdir: pathlib.Path):
     cfg = c.model.transformer(task.tokenizer.vocab_size)
 
     def batch_fn(position):
-        b = task.train_batch(position, c.batch_size, c.seq_len)
+        b = task.train_batch(position, c.train.batch_size, c.train.seq_len)
         return {k: b[k] for k in ("inputs", "targets", "loss_mask")}
 
-    opt = training.OptimizerConfig(learning_rate=c.learning_rate, warmup_steps=min(50, c.train_steps),
-                                   total_steps=c.train_steps)
-    fp = repr((c.model, c.seq_len, c.batch_size, c.train_steps, c.learning_rate, c.seed))
+    opt = training.OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=min(50, c.train.steps),
+                                   total_steps=c.train.steps)
+    fp = repr((c.model, c.train.seq_len, c.train.batch_size, c.train.steps, c.train.learning_rate, c.seed))
     res = training.fit(model_fn=lambda rngs: Transformer(cfg, rngs=rngs), optimizer_config=opt, batch_fn=batch_fn,
-                       num_steps=c.train_steps, workdir=workdir / "lm", seed=c.seed,
-                       checkpoint_every=max(1, c.train_steps // 2), log_every=max(1, c.train_steps // 10),
+                       num_steps=c.train.steps, workdir=workdir / "lm", seed=c.seed,
+                       checkpoint_every=max(1, c.train.steps // 2), log_every=max(1, c.train.steps // 10),
                        progress=c.progress, desc="moe_rerouting lm", fingerprint=fp)
     return res.model(), res.history
 
@@ -153,10 +197,10 @@ def _train_lm(c: Config, task: DomainTask, workdir: pathlib.Path):
 def _eval_data(c: Config, task: DomainTask) -> dict:
     examples, family = [], []
     for f in EVAL_FAMILIES:
-        ex = task.eval_examples(f, c.eval_per_family, seed=c.seed)
+        ex = task.eval_examples(f, c.eval.per_family, seed=c.seed)
         examples += ex
         family += [f] * len(ex)
-    batch = task.eval_batch(examples, prompt_len=c.prompt_len, cont_len=c.cont_len)
+    batch = task.eval_batch(examples, prompt_len=c.eval.prompt_len, cont_len=c.eval.cont_len)
     batch["family"] = np.asarray(family)
     # Exact match is judged on deterministic continuations (copy / arithmetic answers).
     batch["deterministic"] = np.asarray([not d.startswith("markov") for d in batch["domains"]])
@@ -165,13 +209,13 @@ def _eval_data(c: Config, task: DomainTask) -> dict:
 
 def _bank(c: Config, task: DomainTask) -> tuple[np.ndarray, np.ndarray]:
     # A held-out training stream, documents as long as the evaluation rows (one compiled fit shape).
-    b = task.train_batch(10**6, c.bank_size, c.prompt_len + c.cont_len - 1, stream=1)
+    b = task.train_batch(10**6, c.retrieval.bank_size, c.eval.prompt_len + c.eval.cont_len - 1, stream=1)
     toks = np.concatenate([b["inputs"], b["targets"][:, -1:]], axis=1)  # BOS + the whole document
     return toks, np.full((toks.shape[0],), toks.shape[1], np.int32)
 
 
 def _prompts(data: dict, c: Config) -> np.ndarray:
-    P = c.prompt_len
+    P = c.eval.prompt_len
     p = data["tokens"][:, :P].copy()
     j = np.arange(P)[None, :]
     p[j >= data["prompt_lengths"][:, None]] = 0  # drop the continuation from the prompt block
@@ -233,18 +277,19 @@ def mcnemar_exact(treated: np.ndarray, control: np.ndarray) -> dict:
 
 
 def _em_data(c: Config) -> dict:
-    """The paired exact-match set: the first ``em_prompts_per_family`` prompts of each shifted family (the NLL
-    set's prompts are its first ``eval_per_family``), keeping the deterministic (copy/arithmetic) answers."""
+    """The paired exact-match set: the first ``eval.em_prompts_per_family`` prompts of each shifted family (the
+    NLL set's prompts are its first ``eval.per_family``), keeping the deterministic (copy/arithmetic) answers."""
     task = DomainTask(seed=c.seed)
     examples, family = [], []
     for f in SHIFTED:
-        ex = [e for e in task.eval_examples(f, c.em_prompts_per_family, seed=c.seed) if not e[2].startswith("markov")]
+        ex = [e for e in task.eval_examples(f, c.eval.em_prompts_per_family, seed=c.seed)
+              if not e[2].startswith("markov")]
         examples += ex
         family += [f] * len(ex)
     if not examples:
-        raise ValueError(f"the shifted families hold no copy/arithmetic prompt at em_prompts_per_family="
-                         f"{c.em_prompts_per_family}")
-    batch = task.eval_batch(examples, prompt_len=c.prompt_len, cont_len=c.cont_len)
+        raise ValueError(f"the shifted families hold no copy/arithmetic prompt at eval.em_prompts_per_family="
+                         f"{c.eval.em_prompts_per_family}")
+    batch = task.eval_batch(examples, prompt_len=c.eval.prompt_len, cont_len=c.eval.cont_len)
     batch["family"] = np.asarray(family)
     return batch
 
@@ -295,8 +340,9 @@ def _setup(c: Config, workdir: pathlib.Path) -> _Setup:
     _fast_cpu_experts(model)
     data = _eval_data(c, task)
     prompts = _prompts(data, c)
-    reroute = rr.RerouteConfig(layers="confidence", rho=c.rho, steps=c.steps, learning_rate=c.reroute_lr,
-                               interval=c.interval, l2=c.l2)
+    r = c.reroute
+    reroute = rr.RerouteConfig(layers="confidence", rho=r.rho, steps=r.steps, learning_rate=r.learning_rate,
+                               interval=r.interval, l2=r.l2)
     bank = _bank(c, task)
     return _Setup(model, history, train_s, data, prompts, np.isin(data["family"], SHIFTED), reroute, bank,
                   jax.random.key(c.seed))
@@ -305,8 +351,9 @@ def _setup(c: Config, workdir: pathlib.Path) -> _Setup:
 def _setup_context(c: Config, s: _Setup) -> str:
     m = c.model
     return (f"Ours: tiny MoE LM, {m.num_layers} layers, {m.moe.num_experts} experts top-{m.moe.experts_per_token}, "
-            f"{c.train_steps} steps, final loss {s.history[-1]['loss'] if s.history else float('nan'):.2f}; "
-            f"{c.eval_per_family} prompts per family; {c.steps} Adam steps lr {c.reroute_lr}, rho {c.rho}.")
+            f"{c.train.steps} steps, final loss {s.history[-1]['loss'] if s.history else float('nan'):.2f}; "
+            f"{c.eval.per_family} prompts per family; {c.reroute.steps} Adam steps lr {c.reroute.learning_rate}, "
+            f"rho {c.reroute.rho}.")
 
 
 class _Prefill(NamedTuple):
@@ -328,7 +375,7 @@ def _fit_prefill(c: Config, s: _Setup) -> _Prefill:
         deltas[name], _ = rr.adapt_on_context(s.model, toks, pl, config=dataclasses.replace(s.reroute, layers=mode),
                                               key=s.key)
     deltas["retrieval (C3PO-style)"], _, _ = rr.retrieval_bias(s.model, toks, pl, *s.bank, config=s.reroute,
-                                                              num_neighbors=c.num_neighbors)
+                                                              num_neighbors=c.retrieval.num_neighbors)
     deltas["oracle (continuation)"], _ = rr.oracle_bias(s.model, toks, pl, cl, config=s.reroute)
     nll = {m: rr.continuation_nll(s.model, toks, pl, cl, d) for m, d in deltas.items()}
     return _Prefill(deltas, nll, time.time() - t1)
@@ -396,9 +443,9 @@ def _in_blocks(fn, prompts: np.ndarray, lengths: np.ndarray, rows: int) -> np.nd
 
 def generation_study(c: Config, s: _Setup, deltas: dict) -> Study:
     """Free-running greedy exact match on the shifted copy/arithmetic answers, with continuous rerouting
-    (re-fitted every `interval` generated tokens) for the rerouting modes and the prefill bias otherwise, on
+    (re-fitted every ``reroute.interval`` generated tokens) for the rerouting modes and the prefill bias otherwise, on
     the NLL set (context); the claim, selected-layer rerouting above the base model, is McNemar's exact test on
-    the paired set `_em_data` (``em_prompts_per_family`` prompts per shifted family)."""
+    the paired set `_em_data` (``eval.em_prompts_per_family`` prompts per shifted family)."""
     from algorithms.moe import rerouting as rr
 
     pl, data = s.data["prompt_lengths"], s.data
@@ -406,11 +453,11 @@ def generation_study(c: Config, s: _Setup, deltas: dict) -> Study:
     em = {}
     for m in tqdm.tqdm(METHODS, desc="moe_rerouting generation", disable=not c.progress):
         if m in MODES:
-            out = rr.rerouted_generate(s.model, s.prompts, pl, max_new_tokens=c.cont_len,
+            out = rr.rerouted_generate(s.model, s.prompts, pl, max_new_tokens=c.eval.cont_len,
                                        config=dataclasses.replace(s.reroute, layers=MODES[m]), key=s.key)
             gen = out.tokens
         else:
-            gen = np.asarray(rr.decode(s.model, s.prompts, pl, num_tokens=c.cont_len, delta=deltas[m])[0])
+            gen = np.asarray(rr.decode(s.model, s.prompts, pl, num_tokens=c.eval.cont_len, delta=deltas[m])[0])
         em[m] = _exact_match(gen, data)
 
     def em_txt(m):
@@ -422,10 +469,10 @@ def generation_study(c: Config, s: _Setup, deltas: dict) -> Study:
     pdata = _em_data(c)
     pprompts = _prompts(pdata, c)
     rows = s.prompts.shape[0]
-    base_gen = _in_blocks(lambda p, n: np.asarray(rr.decode(s.model, p, n, num_tokens=c.cont_len)[0]),
+    base_gen = _in_blocks(lambda p, n: np.asarray(rr.decode(s.model, p, n, num_tokens=c.eval.cont_len)[0]),
                           pprompts, pdata["prompt_lengths"], rows)
     ours_gen = _in_blocks(lambda p, n: rr.rerouted_generate(
-        s.model, p, n, max_new_tokens=c.cont_len, config=dataclasses.replace(s.reroute, layers=MODES[OURS]),
+        s.model, p, n, max_new_tokens=c.eval.cont_len, config=dataclasses.replace(s.reroute, layers=MODES[OURS]),
         key=s.key).tokens, pprompts, pdata["prompt_lengths"], rows)
     em_base, em_ours = _exact_match(base_gen, pdata), _exact_match(ours_gen, pdata)
     test = mcnemar_exact(em_ours, em_base)
@@ -433,12 +480,12 @@ def generation_study(c: Config, s: _Setup, deltas: dict) -> Study:
                              "base": float(np.mean(em_base[pdata["family"] == f])),
                              "ours": float(np.mean(em_ours[pdata["family"] == f]))}
                          for f in SHIFTED if np.any(pdata["family"] == f)}
-    em_improves = test["p_greater"] < c.em_alpha
+    em_improves = test["p_greater"] < c.eval.em_alpha
     checks = [
         Check(f"greedy exact match on {test['n']} shifted copy/arithmetic answers, selected layers (re-fitted every "
-              f"{c.interval} tokens) vs base, McNemar exact one-sided p", test["p_greater"],
+              f"{c.reroute.interval} tokens) vs base, McNemar exact one-sided p", test["p_greater"],
               paper="+5.5% HumanEval (generation accuracy rises; spec 6(c), 6(d))",
-              threshold=f"< {c.em_alpha:g}", passed=em_improves,
+              threshold=f"< {c.eval.em_alpha:g}", passed=em_improves,
               note=f"exact match {test['treated_rate']:.3f} vs base {test['control_rate']:.3f}; discordant pairs "
                    f"{test['treated_only']} rerouting-only / {test['control_only']} base-only; two-sided p "
                    f"{test['p_two_sided']:.3g}"),
@@ -464,8 +511,8 @@ def sweep_study(c: Config, s: _Setup, base_nll: np.ndarray, nll_gain: dict, work
 
     Speed only: the sweep points that repeat the main run's settings are taken from it instead of being
     recomputed (the same deterministic computation): ``ours_nll`` [b], the continuation NLL under the
-    selected-layer prefill bias (learning rate ``reroute_lr``), and ``ours_exact_match``, the shifted
-    exact match of selected-layer generation re-fitted every ``interval`` tokens."""
+    selected-layer prefill bias (learning rate ``reroute.learning_rate``), and ``ours_exact_match``, the shifted
+    exact match of selected-layer generation re-fitted every ``reroute.interval`` tokens."""
     from algorithms.moe import rerouting as rr
 
     toks, pl, cl = s.data["tokens"], s.data["prompt_lengths"], s.data["cont_lengths"]
@@ -476,26 +523,26 @@ def sweep_study(c: Config, s: _Setup, base_nll: np.ndarray, nll_gain: dict, work
 
     sweep_steps = {mode: {} for mode in ("confidence", "all")}
     for mode in sweep_steps:
-        for n in c.sweep_steps:
+        for n in c.sweep.steps:
             d, _ = rr.adapt_on_context(s.model, toks, pl, config=dataclasses.replace(s.reroute, layers=mode, steps=n))
             sweep_steps[mode][n] = shifted_gain(d)
     sweep_lr = {}
-    for lr in c.sweep_lrs:
-        if ours_nll is not None and lr == c.reroute_lr:
+    for lr in c.sweep.lrs:
+        if ours_nll is not None and lr == c.reroute.learning_rate:
             sweep_lr[lr] = float(np.mean(base_nll[shifted] - ours_nll[shifted]))
             continue
         d, _ = rr.adapt_on_context(s.model, toks, pl, config=dataclasses.replace(s.reroute, learning_rate=lr))
         sweep_lr[lr] = shifted_gain(d)
     sweep_interval = {}
-    for m in c.sweep_intervals:
-        if ours_exact_match is not None and m == c.interval:
+    for m in c.sweep.intervals:
+        if ours_exact_match is not None and m == c.reroute.interval:
             sweep_interval[m] = ours_exact_match
             continue
-        out = rr.rerouted_generate(s.model, s.prompts, pl, max_new_tokens=c.cont_len,
+        out = rr.rerouted_generate(s.model, s.prompts, pl, max_new_tokens=c.eval.cont_len,
                                    config=dataclasses.replace(s.reroute, interval=m or None), key=s.key)
         sweep_interval[m] = float(np.mean(_exact_match(out.tokens, s.data)[s.data["deterministic"] & shifted]))
 
-    s_max = max(c.sweep_steps)
+    s_max = max(c.sweep.steps)
     best_all = max(sweep_steps["all"].values())
     over_adapts = (sweep_steps["all"][s_max] < best_all - 1e-4
                    or sweep_steps["all"][s_max] < sweep_steps["confidence"][s_max])
@@ -508,7 +555,7 @@ def sweep_study(c: Config, s: _Setup, base_nll: np.ndarray, nll_gain: dict, work
     ]
     context = ("Steps sweep (shifted NLL gain, selected / all): "
                + ", ".join(f"{n}: {sweep_steps['confidence'][n]:+.4f}/{sweep_steps['all'][n]:+.4f}"
-                           for n in c.sweep_steps))
+                           for n in c.sweep.steps))
     metrics = {
         "sweep_steps_shifted_gain": {k: {str(n): v for n, v in d.items()} for k, d in sweep_steps.items()},
         "sweep_lr_shifted_gain": {str(k): v for k, v in sweep_lr.items()},
@@ -538,7 +585,7 @@ def _cause(c: Config, nll: Study, generation: Study) -> tuple[str | None, str]:
 
     The checks are the paper's direction at the paper's statement; what this run can vary is the scale (a
     tiny LM, synthetic domains, one seed). A failing NLL check or an exact-match rise not detected at
-    ``em_alpha`` is named a scale limit with its numbers (discordant pairs, the rates, the NLL gains);
+    ``eval.em_alpha`` is named a scale limit with its numbers (discordant pairs, the rates, the NLL gains);
     a rise that goes the other way beyond chance is reported as such, in the same class.
     """
     failing = [ch.name for ch in nll.checks + generation.checks if ch.required and not ch.passed]
@@ -546,10 +593,10 @@ def _cause(c: Config, nll: Study, generation: Study) -> tuple[str | None, str]:
         return None, ""
     g = nll.metrics["shifted_nll_gain"]
     pe = generation.metrics["paired_exact_match"]
-    direction = ("rerouting LOWERS exact match beyond chance" if pe["p_less"] < c.em_alpha else
+    direction = ("rerouting LOWERS exact match beyond chance" if pe["p_less"] < c.eval.em_alpha else
                  "no exact-match difference detected")
     return "scale", (
-        f"failing: {failing}. A tiny MoE LM ({c.model.num_layers} layers, {c.train_steps} steps, one seed): the "
+        f"failing: {failing}. A tiny MoE LM ({c.model.num_layers} layers, {c.train.steps} steps, one seed): the "
         f"selected-layer bias lowers shifted NLL by {g[OURS]:+.4f} nats/token "
         f"(oracle {g['oracle (continuation)']:+.4f}), "
         f"and on {pe['n']} paired shifted answers greedy exact match is {pe['treated_rate']:.3f} vs base "
@@ -558,7 +605,6 @@ def _cause(c: Config, nll: Study, generation: Study) -> tuple[str | None, str]:
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    _validate(c)
     workdir = pathlib.Path(workdir)
     s = _setup(c, workdir)
     fit = _fit_prefill(c, s)
@@ -598,7 +644,7 @@ def _plot(gain: dict, sweep_steps: dict, c: Config, workdir: pathlib.Path) -> st
     ax0.set_xticks(x, [f.replace("_", "\n") for f in EVAL_FAMILIES], fontsize=8)
     ax0.set(ylabel="continuation NLL gain over base (nats/token)", title="gain by prompt family")
     ax0.legend(fontsize=7)
-    for mode, label in (("confidence", f"selected layers (rho={c.rho})"), ("all", "all layers")):
+    for mode, label in (("confidence", f"selected layers (rho={c.reroute.rho})"), ("all", "all layers")):
         s = sorted(sweep_steps[mode])
         ax1.plot(s, [sweep_steps[mode][k] for k in s], "o-", label=label)
     ax1.set(xscale="symlog", xlabel="optimiser steps per round", ylabel="shifted-family NLL gain",
@@ -614,17 +660,18 @@ EXPERIMENT = registry.Experiment(
     presets={
         "smoke": lambda: Config(model=MoELMConfig(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=64,
                                                   moe=MoEConfig(num_experts=4, experts_per_token=2)),
-                                seq_len=32, batch_size=8, train_steps=4,
-                                eval_per_family=2, em_prompts_per_family=3, prompt_len=24, cont_len=6, steps=2,
-                                interval=6, bank_size=16,
-                                num_neighbors=1, sweep_steps=(1, 3), sweep_lrs=(5e-2,), sweep_intervals=(0,),
+                                train=TrainSection(seq_len=32, batch_size=8, steps=4),
+                                eval=EvalSection(per_family=2, em_prompts_per_family=3, prompt_len=24, cont_len=6),
+                                reroute=RerouteSection(steps=2, interval=6),
+                                retrieval=RetrievalSection(bank_size=16, num_neighbors=1),
+                                sweep=SweepSection(steps=(1, 3), lrs=(5e-2,), intervals=(0,)),
                                 progress=False),
         "quick": lambda: Config(),
         "paper": lambda: Config(model=MoELMConfig(d_model=128, num_layers=8, num_heads=4, num_kv_heads=2, d_ff=256,
                                                   moe=MoEConfig(num_experts=16, experts_per_token=2)),
-                                seq_len=128, train_steps=5000,
-                                eval_per_family=200, em_prompts_per_family=600, prompt_len=96, cont_len=24,
-                                bank_size=2048),
+                                train=TrainSection(seq_len=128, steps=5000),
+                                eval=EvalSection(per_family=200, em_prompts_per_family=600, prompt_len=96, cont_len=24),
+                                retrieval=RetrievalSection(bank_size=2048)),
     },
     run=run,
 )

@@ -5,7 +5,7 @@ for on-policy LLM RL" (arXiv:2603.12151). Method and protocol: `algorithms.rl.co
 
 Protocol (the paper's, at toy scale): a budget of C rollouts is split as C = n * B_p * M (n rollouts
 per problem, B_p problems per batch, M update steps). For every C in a grid and every (n, B_p) with
-M = C / (n B_p) >= `min_steps`, GRPO (Adam, std-normalised group advantages, Monte-Carlo sampled
+M = C / (n B_p) >= ``sweep.min_steps``, GRPO (Adam, std-normalised group advantages, Monte-Carlo sampled
 answers) trains the policy and the best mean correct mass over the run is recorded, averaged over
 seeds; n*(C) is the argmax over n (best B_p), and a saturating curve
 log2 n*(C) = a + (b - a) sigmoid(k (log2 C - c0)) is fitted to it.
@@ -17,7 +17,7 @@ come from sharpening) and hard (base mass 0.002-0.02: with small n most groups h
 and give no gradient; gains need coverage). Scores: mean correct mass (pass@1) on both, and the
 fraction of problems with correct mass >= 0.5 (coverage) on the hard split.
 
-Second part (`lm=True`), the spec's tiny-LM arithmetic task: a small decoder LM is SFT-trained briefly
+Second part (``lm.enabled``), the spec's tiny-LM arithmetic task: a small decoder LM is SFT-trained briefly
 on 2-digit addition and multiplication; training problems are split by the SFT model's own pass rate
 into easy ones (25-75%: RL can only sharpen) and hard ones (<= 1/16: RL must first find a success, so
 coverage matters), and the same iso-compute sweep runs real GRPO (`algorithms.rl.grpo`) from the SFT
@@ -90,83 +90,115 @@ SPLITS = {"easy": (0.1, 0.6), "hard": (0.002, 0.02)}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config:
-    """Settings of the rl_compute_allocation experiment.
+class BanditSection:
+    """The softmax-bandit surrogate of each split (``--bandit.num-problems 256``).
 
     Attributes:
-      num_problems_total: P problems per split.
+      num_problems: P problems per split.
       num_answers: K answers per problem.
       dim: D shared parameters.
-      log2_budgets: log2 C of the budgets.
-      n_grid: rollouts per problem n.
-      bp_grid: problems per batch B_p (<= P).
-      min_steps: drop configurations with M below this.
-      seeds: independent runs averaged per configuration (their standard error sets the 1-SE sets).
-      learning_rate: Adam step size.
       per_problem_splits: bandit splits whose problems each get their own parameters theta[p] [D]
         (`ca.train_bandit(per_problem=True)`): a problem then learns only from its own groups, so a
         group without a success gives it nothing (the paper's zero-variance mechanism on hard
         problems); the other splits share D parameters across problems (interference).
-      lm: also run the tiny-LM arithmetic part: a small decoder LM is SFT-trained briefly on
-        `lm_digits`-digit `lm_operations` problems, every problem of a pool of `lm_pool` training
-        problems gets its base pass rate from `lm_pool_samples` samples, and the pool is split into
-        easy (pass rate in [0.25, 0.75]: sharpening) and hard (pass rate <= 1/16: coverage) problems,
-        each halved into RL and evaluation problems. For every budget in `lm_log2_budgets` and
-        (n, B_p) in `lm_n_grid` x `lm_bp_grid`, GRPO (`algorithms.rl.grpo`) runs M = C / (n B_p)
-        iterations from the SFT model; the score is pass@1 (easy) and pass@k coverage (hard) of
-        the RL problems with `lm_eval_samples` samples each (held-out problems reported too).
-      checkpoint: checkpoint the LM runs (SFT and every GRPO run) under the workdir, so an
-        interrupted run resumes.
-      seed: bandit and training seed.
-      progress: tqdm bars.
     """
 
-    num_problems_total: int = 128
+    num_problems: int = 128
     num_answers: int = 32
     dim: int = 32
+    per_problem_splits: tuple[str, ...] = ("hard",)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepSection:
+    """The bandit's iso-compute sweep (``--sweep.n-grid 2 4 8``).
+
+    Attributes:
+      log2_budgets: log2 C of the budgets.
+      n_grid: rollouts per problem n.
+      bp_grid: problems per batch B_p (<= bandit.num_problems).
+      min_steps: drop configurations with M below this (the LM sweep too).
+      seeds: independent runs averaged per configuration (their standard error sets the 1-SE sets).
+      learning_rate: Adam step size.
+    """
+
     log2_budgets: tuple[int, ...] = (10, 11, 12, 13, 14, 15, 16)
     n_grid: tuple[int, ...] = (2, 4, 8, 16, 32, 64)  # n = 1 gives GRPO no signal (score = base); tested
     bp_grid: tuple[int, ...] = (16, 64)
     min_steps: int = 4
     seeds: int = 16
     learning_rate: float = 0.05
-    per_problem_splits: tuple[str, ...] = ("hard",)
-    # Tiny-LM arithmetic part (lm=False skips it).
-    lm: bool = True
-    lm_digits: int = 2
-    lm_operations: tuple[str, ...] = ("+", "*")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LMSection:
+    """The tiny-LM arithmetic part (``--lm.no-enabled`` skips it; ``--lm.sft-steps 800``).
+
+    A small decoder LM (``model``) is SFT-trained briefly (``sft_steps`` steps of ``sft_batch``) on
+    ``digits``-digit ``operations`` problems, every problem of a pool of ``pool`` training problems gets its
+    base pass rate from ``pool_samples`` samples, and the pool is split into easy (pass rate in [0.25, 0.75]:
+    sharpening) and hard (pass rate <= 1/16: coverage) problems, each halved into RL and evaluation problems.
+    For every budget in ``log2_budgets`` and (n, B_p) in ``n_grid`` x ``bp_grid``, GRPO (`algorithms.rl.grpo`,
+    Adam learning rate ``lr``) runs M = C / (n B_p) iterations from the SFT model; the score is pass@1 (easy)
+    and pass@k coverage (hard) of the RL problems with ``eval_samples`` samples each (held-out problems
+    reported too).
+    """
+
+    enabled: bool = True
+    digits: int = 2
+    operations: tuple[str, ...] = ("+", "*")
     model: LMConfig = LMConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=256)  # the tiny LM
-    lm_sft_steps: int = 400
-    lm_sft_batch: int = 64
-    lm_pool: int = 768
-    lm_pool_samples: int = 16
-    lm_log2_budgets: tuple[int, ...] = (9, 10, 11, 12)
-    lm_n_grid: tuple[int, ...] = (2, 4, 8, 16)
-    lm_bp_grid: tuple[int, ...] = (8,)
-    lm_eval_samples: int = 8
-    lm_lr: float = 3e-4
+    sft_steps: int = 400
+    sft_batch: int = 64
+    pool: int = 768
+    pool_samples: int = 16
+    log2_budgets: tuple[int, ...] = (9, 10, 11, 12)
+    n_grid: tuple[int, ...] = (2, 4, 8, 16)
+    bp_grid: tuple[int, ...] = (8,)
+    eval_samples: int = 8
+    lr: float = 3e-4
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """rl_compute_allocation settings, in sections overridden on the command line as ``--sweep.seeds 8``.
+
+    Attributes:
+      bandit, sweep, lm: see their sections.
+      checkpoint: checkpoint the LM runs (SFT and every GRPO run) under the workdir, so an
+        interrupted run resumes.
+      seed: bandit and training seed.
+      progress: tqdm bars.
+    """
+
+    bandit: BanditSection = BanditSection()
+    sweep: SweepSection = SweepSection()
+    lm: LMSection = LMSection()
     checkpoint: bool = True
     seed: int = 0
     progress: bool = True
 
-
-def _validate(c: Config) -> None:
-    if c.num_problems_total < 1 or c.num_answers < 2 or c.dim < 1 or c.seeds < 1 or c.min_steps < 1:
-        raise ValueError(f"need num_problems_total, dim, seeds, min_steps >= 1 and num_answers >= 2; got {c}")
-    if max(c.bp_grid) > c.num_problems_total:
-        raise ValueError(f"bp_grid must be <= num_problems_total={c.num_problems_total}; got {c.bp_grid}")
-    if not set(c.per_problem_splits) <= set(SPLITS):
-        raise ValueError(f"per_problem_splits must be a subset of {sorted(SPLITS)}; got {c.per_problem_splits}")
-    if len(c.log2_budgets) < 4:
-        raise ValueError(f"log2_budgets needs >= 4 budgets for the saturating fit; got {c.log2_budgets}")
+    def __post_init__(self):
+        err, b, s = registry.ConfigError, self.bandit, self.sweep
+        for path, value, lowest in (("bandit.num_problems", b.num_problems, 1),
+                                    ("bandit.num_answers", b.num_answers, 2), ("bandit.dim", b.dim, 1),
+                                    ("sweep.seeds", s.seeds, 1), ("sweep.min_steps", s.min_steps, 1)):
+            if value < lowest:
+                raise err(path, f"must be >= {lowest}; got {value}")
+        if max(s.bp_grid) > b.num_problems:
+            raise err("sweep.bp_grid", f"must be <= bandit.num_problems={b.num_problems}; got {s.bp_grid}")
+        if not set(b.per_problem_splits) <= set(SPLITS):
+            raise err("bandit.per_problem_splits", f"must be a subset of {sorted(SPLITS)}; got {b.per_problem_splits}")
+        if len(s.log2_budgets) < 4:
+            raise err("sweep.log2_budgets", f"needs >= 4 budgets for the saturating fit; got {s.log2_budgets}")
 
 
 def _bandit(c: Config, split: str) -> ca.Bandit:
     lo, hi = SPLITS[split]
     rng = np.random.default_rng([c.seed, list(SPLITS).index(split)])
-    masses = np.exp(rng.uniform(np.log(lo), np.log(hi), c.num_problems_total))
+    masses = np.exp(rng.uniform(np.log(lo), np.log(hi), c.bandit.num_problems))
     key = jax.random.fold_in(jax.random.key(c.seed), list(SPLITS).index(split))
-    return ca.make_bandit(key, masses, num_answers=c.num_answers, dim=c.dim)
+    return ca.make_bandit(key, masses, num_answers=c.bandit.num_answers, dim=c.bandit.dim)
 
 
 @functools.partial(jax.jit, static_argnames=("n", "num_problems", "lr", "per_problem"))
@@ -191,12 +223,13 @@ def _precompile(keys, bandit: ca.Bandit, statics: list[tuple[int, int]], *, lr: 
 
 
 def _sweep(c: Config, bandit: ca.Bandit, split: str) -> list[dict]:
-    cfgs = ca.iso_compute_configs([2**b for b in c.log2_budgets], c.n_grid, c.bp_grid, min_steps=c.min_steps)
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(c.seed), 100 + list(SPLITS).index(split)), c.seeds)
+    sw = c.sweep
+    cfgs = ca.iso_compute_configs([2**b for b in sw.log2_budgets], sw.n_grid, sw.bp_grid, min_steps=sw.min_steps)
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(c.seed), 100 + list(SPLITS).index(split)), sw.seeds)
     statics = list(dict.fromkeys((cfg.n, cfg.num_problems) for cfg in cfgs))
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        compiled = _precompile(keys, bandit, statics, lr=c.learning_rate, per_problem=split in c.per_problem_splits,
-                               pool=pool)
+        compiled = _precompile(keys, bandit, statics, lr=sw.learning_rate,
+                               per_problem=split in c.bandit.per_problem_splits, pool=pool)
         return _sweep_rows(c, cfgs, keys, bandit, split, compiled)
 
 
@@ -206,7 +239,7 @@ def _sweep_rows(c: Config, cfgs, keys, bandit: ca.Bandit, split: str, compiled: 
         out = compiled[(cfg.n, cfg.num_problems)].result()(keys, bandit, np.int32(cfg.steps))
         best_p = np.asarray(out["best_p"])  # [S, P] at each seed's best step
         best = np.asarray(out["best"], np.float64)  # [S]
-        se = float(np.std(best, ddof=1) / np.sqrt(c.seeds)) if c.seeds > 1 else float("nan")
+        se = float(np.std(best, ddof=1) / np.sqrt(c.sweep.seeds)) if c.sweep.seeds > 1 else float("nan")
         rows.append(dict(budget=cfg.budget, n=cfg.n, num_problems=cfg.num_problems, steps=cfg.steps,
                          score=float(np.mean(best)), score_se=se, coverage=float(np.mean(best_p >= 0.5))))
     return rows
@@ -298,7 +331,7 @@ def _analyse(rows: list[dict]) -> dict:
 
 
 def _lm_task(c: Config) -> ArithmeticTask:
-    return ArithmeticTask(num_digits=c.lm_digits, operations=c.lm_operations, seed=c.seed)
+    return ArithmeticTask(num_digits=c.lm.digits, operations=c.lm.operations, seed=c.seed)
 
 
 def _sample_correct(graphdef, params, task, prompts, *, samples: int, key, chunk: int = 256) -> np.ndarray:
@@ -314,10 +347,10 @@ def _sample_correct(graphdef, params, task, prompts, *, samples: int, key, chunk
 
 def _lm_splits(c: Config, graphdef, params, task) -> dict:
     """Easy / hard problems of the SFT model, each halved into RL and evaluation problems."""
-    pool = sorted(set(task.sample(c.lm_pool, split="train", seed=1)[0]))
-    counts = _sample_correct(graphdef, params, task, pool, samples=c.lm_pool_samples,
+    pool = sorted(set(task.sample(c.lm.pool, split="train", seed=1)[0]))
+    counts = _sample_correct(graphdef, params, task, pool, samples=c.lm.pool_samples,
                              key=jax.random.key(c.seed + 7))
-    rate = counts / c.lm_pool_samples
+    rate = counts / c.lm.pool_samples
     rng = np.random.default_rng([c.seed, 3])
     out = {}
     for split, chosen in (("easy", (rate >= 0.25) & (rate <= 0.75)), ("hard", rate <= 1 / 16)):
@@ -338,33 +371,33 @@ def run_lm(c: Config, workdir: pathlib.Path) -> dict:
     """SFT, the easy / hard split by base pass rate, then the iso-compute sweep of GRPO runs."""
     task = _lm_task(c)
     tok = task.tokenizer()
-    model_cfg = c.model.transformer(tok.vocab_size)
+    model_cfg = c.lm.model.transformer(tok.vocab_size)
     sft = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
-        optimizer_config=training.OptimizerConfig(learning_rate=1e-3, warmup_steps=max(1, c.lm_sft_steps // 10),
-                                                  total_steps=max(1, c.lm_sft_steps), weight_decay=0.01),
-        batch_fn=lambda pos: task.train_batch(pos, batch_size=c.lm_sft_batch, seq_len=task.max_seq_len),
-        num_steps=max(1, c.lm_sft_steps), workdir=(workdir / "lm_sft") if c.checkpoint else None, seed=c.seed,
-        log_every=max(1, c.lm_sft_steps // 10), progress=c.progress, desc="isocompute sft",
-        fingerprint=repr((model_cfg, c.lm_sft_steps, c.lm_sft_batch, c.lm_digits, c.lm_operations, c.seed)))
+        optimizer_config=training.OptimizerConfig(learning_rate=1e-3, warmup_steps=max(1, c.lm.sft_steps // 10),
+                                                  total_steps=max(1, c.lm.sft_steps), weight_decay=0.01),
+        batch_fn=lambda pos: task.train_batch(pos, batch_size=c.lm.sft_batch, seq_len=task.max_seq_len),
+        num_steps=max(1, c.lm.sft_steps), workdir=(workdir / "lm_sft") if c.checkpoint else None, seed=c.seed,
+        log_every=max(1, c.lm.sft_steps // 10), progress=c.progress, desc="isocompute sft",
+        fingerprint=repr((model_cfg, c.lm.sft_steps, c.lm.sft_batch, c.lm.digits, c.lm.operations, c.seed)))
     graphdef, base = sft.graphdef, sft.state.params
     splits = _lm_splits(c, graphdef, base, task)
     prompt_len = 2 * task.num_digits + 3
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.lm_lr))
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.lm.lr))
     reward_fn = grpo.text_reward(tok, lambda prompt, text: float(task.is_correct(prompt, text)))
     eval_key = jax.random.key(c.seed + 11)
     results = {}
     for split in ("easy", "hard"):
         rl, ev = splits[split]["rl"], splits[split]["eval"]
-        if len(rl) < max(c.lm_bp_grid) or len(ev) < 4:
+        if len(rl) < max(c.lm.bp_grid) or len(ev) < 4:
             results[split] = {"skipped": f"only {len(rl)} RL / {len(ev)} eval problems"}
             continue
         measure = lambda params, probs: _lm_score(_sample_correct(graphdef, params, task, probs,
-                                                                  samples=c.lm_eval_samples, key=eval_key),
-                                                   c.lm_eval_samples)
+                                                                  samples=c.lm.eval_samples, key=eval_key),
+                                                   c.lm.eval_samples)
         base_score, base_heldout = measure(base, rl), measure(base, ev)
-        cfgs = ca.iso_compute_configs([2**b for b in c.lm_log2_budgets], c.lm_n_grid, c.lm_bp_grid,
-                                      min_steps=c.min_steps)
+        cfgs = ca.iso_compute_configs([2**b for b in c.lm.log2_budgets], c.lm.n_grid, c.lm.bp_grid,
+                                      min_steps=c.sweep.min_steps)
         rows = []
         for cfg in tqdm.tqdm(cfgs, desc=f"isocompute lm {split}", disable=not c.progress, leave=False):
             def prompt_fn(it, cfg=cfg):
@@ -380,7 +413,7 @@ def run_lm(c: Config, workdir: pathlib.Path) -> dict:
                              workdir=(workdir / f"lm_{split}_C{cfg.budget}_n{cfg.n}_bp{cfg.num_problems}")
                              if c.checkpoint else None,
                              checkpoint_every=cfg.steps, log_every=max(1, cfg.steps), progress=False,
-                             fingerprint=repr((split, cfg, c.lm_lr, c.seed)))
+                             fingerprint=repr((split, cfg, c.lm.lr, c.seed)))
             sc, held = measure(res.state.params, rl), measure(res.state.params, ev)
             score = sc["pass1"] if split == "easy" else sc["coverage"]
             rows.append(dict(budget=cfg.budget, n=cfg.n, num_problems=cfg.num_problems, steps=cfg.steps, score=score,
@@ -415,15 +448,14 @@ def headline(metrics: Mapping[str, Any]) -> str:
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
-    _validate(c)
     workdir = pathlib.Path(workdir)
     results = {}
     for split in SPLITS:
         bandit = _bandit(c, split)
         rows = _sweep(c, bandit, split)
-        base = ca.correct_mass(bandit, np.zeros(c.dim, np.float32))
+        base = ca.correct_mass(bandit, np.zeros(c.bandit.dim, np.float32))
         results[split] = dict(_analyse(rows), rows=rows, base_pass1=float(np.mean(base)))
-    lm = run_lm(c, workdir) if c.lm else None
+    lm = run_lm(c, workdir) if c.lm.enabled else None
     checks = _checks(results, lm)
 
     def txt(split):
@@ -432,7 +464,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
         f = r["fit"]
         lo = ", ".join(f"2^{int(np.log2(C))}: {n}" for C, n in zip(r["budgets"], r.get("n_lo", [])))
         f = r.get("fit_lo", f)
-        return (f"{split} ({'per-problem' if split in c.per_problem_splits else 'shared'} parameters, base pass@1 "
+        kind = "per-problem" if split in c.bandit.per_problem_splits else "shared"
+        return (f"{split} ({kind} parameters, base pass@1 "
                 f"{r['base_pass1']:.3f}): lower end of the 1-SE set n_lo(C) {lo}; argmax n*(C) {ns}; Spearman "
                 f"(argmax) {r['spearman']:+.2f}; n_lo's fitted "
                 f"plateau n = 2^{f['b']:.1f} reached at C = 2^{f['c0'] + 2 / f['k']:.1f}; best pass@1 at the largest "
@@ -442,8 +475,9 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
                    if r["bp_spread_over_n_spread"] is not None else ""))
 
     context = (
-        f"Softmax-bandit surrogate of GRPO, {c.num_problems_total} problems x {c.num_answers} answers, {c.dim} "
-        f"parameters (per problem on {'/'.join(c.per_problem_splits) or 'no'} split), {c.seeds} seeds: " + "; ".join(txt(s) for s in SPLITS) + ". "
+        f"Softmax-bandit surrogate of GRPO, {c.bandit.num_problems} problems x {c.bandit.num_answers} answers, "
+        f"{c.bandit.dim} parameters (per problem on {'/'.join(c.bandit.per_problem_splits) or 'no'} split), "
+        f"{c.sweep.seeds} seeds: " + "; ".join(txt(s) for s in SPLITS) + ". "
         + (_lm_text(lm, c) if lm is not None else ""))
     cause, cause_class = _cause(checks, lm, c)
     verdict, reproduced = checks_lib.verdict(
@@ -482,7 +516,7 @@ def _cause(checks: list[Check], lm: dict | None, c: Config) -> tuple[str, str | 
                           - min(b["score"] for b in r["best_by_n"] if b["budget"] == C) for C in r["budgets"]]
                 parts.append(f"{ch.name}: argmax n* {'/'.join(map(str, r['n_star']))} from one seed; the score "
                              f"spread over n per budget is {'/'.join(f'{x:.3f}' for x in spread)} with "
-                             f"{r['num_rl']} RL problems x {c.lm_eval_samples} samples per score")
+                             f"{r['num_rl']} RL problems x {c.lm.eval_samples} samples per score")
             else:
                 parts.append(f"{ch.name}: {r.get('skipped', 'not run')}")
         else:
@@ -540,7 +574,7 @@ def _checks(results: dict, lm: dict | None) -> list[Check]:
 
 def _lm_text(lm: dict, c: Config) -> str:
     parts = []
-    for split, what in (("easy", "pass@1, sharpening"), ("hard", f"pass@{c.lm_eval_samples} coverage")):
+    for split, what in (("easy", "pass@1, sharpening"), ("hard", f"pass@{c.lm.eval_samples} coverage")):
         r = lm[split]
         if "skipped" in r:
             parts.append(f"{split}: skipped ({r['skipped']})")
@@ -555,8 +589,8 @@ def _lm_text(lm: dict, c: Config) -> str:
                      f"{r['spearman']:+.2f}; {'rises' if r['rises'] else 'does not rise'}; score SFT model "
                      f"{r['base'][key]:.3f} -> {best['score']:.3f} at n* of the largest budget; held-out problems "
                      f"{r['base_heldout'][key]:.3f} -> {row['heldout_' + key]:.3f}")
-    return (f"Tiny LM ({c.lm_digits}-digit {' '.join(c.lm_operations)} arithmetic, {c.lm_sft_steps} SFT steps, "
-            f"problems split by the SFT model's pass rate over {c.lm_pool_samples} samples): " + "; ".join(parts) + ". ")
+    return (f"Tiny LM ({c.lm.digits}-digit {' '.join(c.lm.operations)} arithmetic, {c.lm.sft_steps} SFT steps, "
+            f"problems split by the SFT model's pass rate over {c.lm.pool_samples} samples): " + "; ".join(parts) + ". ")
 
 
 def _log2_ticks(ax, values) -> None:
@@ -622,17 +656,20 @@ EXPERIMENT = registry.Experiment(
     slug="rl_compute_allocation",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(num_problems_total=16, num_answers=8, dim=8, log2_budgets=(8, 9, 10, 11),
-                                n_grid=(1, 4), bp_grid=(4,), seeds=2,
-                                model=LMConfig(d_model=16, num_layers=1, num_heads=4, num_kv_heads=2, d_ff=64),
-                                lm_sft_steps=2, lm_sft_batch=8, lm_pool=48, lm_pool_samples=4,
-                                lm_log2_budgets=(4, 5, 6, 7), lm_n_grid=(2,), lm_bp_grid=(2,), lm_eval_samples=2,
+        "smoke": lambda: Config(bandit=BanditSection(num_problems=16, num_answers=8, dim=8),
+                                sweep=SweepSection(log2_budgets=(8, 9, 10, 11), n_grid=(1, 4), bp_grid=(4,), seeds=2),
+                                lm=LMSection(model=LMConfig(d_model=16, num_layers=1, num_heads=4, num_kv_heads=2,
+                                                            d_ff=64),
+                                             sft_steps=2, sft_batch=8, pool=48, pool_samples=4,
+                                             log2_budgets=(4, 5, 6, 7), n_grid=(2,), bp_grid=(2,), eval_samples=2),
                                 checkpoint=False, progress=False),
         # n = 32, 64 left the quick grid in issue 26's CPU-budget pass (8 of its 24 bandit compiles): no
         # quick configuration with n >= 32 was ever in a 1-SE set or the argmax (largest n there: 8).
-        "quick": lambda: Config(n_grid=(2, 4, 8, 16)),
-        "paper": lambda: Config(num_problems_total=1024, dim=64, log2_budgets=tuple(range(10, 21)),
-                                n_grid=tuple(2**i for i in range(10)), bp_grid=(8, 32, 128, 512), seeds=16),
+        "quick": lambda: Config(sweep=SweepSection(n_grid=(2, 4, 8, 16))),
+        "paper": lambda: Config(bandit=BanditSection(num_problems=1024, dim=64),
+                                sweep=SweepSection(log2_budgets=tuple(range(10, 21)),
+                                                   n_grid=tuple(2**i for i in range(10)), bp_grid=(8, 32, 128, 512),
+                                                   seeds=16)),
     },
     run=run,
 )

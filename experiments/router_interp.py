@@ -115,7 +115,7 @@ class InterpSection:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LMSection:
     """Stage 2: the tiny MoE LM on Markov domains and the SAE on one layer's router inputs (``--lm.steps 600``,
-    ``--lm.model.moe.num-experts 4``; ``--lm.enabled False`` skips the stage)."""
+    ``--lm.model.moe.num-experts 4``; ``--lm.no-enabled`` skips the stage)."""
 
     enabled: bool = True
     domains: int = 6

@@ -8,6 +8,7 @@ import pytest
 from scipy import stats
 
 from experiments import moe_rerouting as mr
+from experiments import registry
 
 
 def _brute(treated, control):
@@ -61,7 +62,7 @@ def test_mcnemar_exact_rejects_bad_shapes(treated, control):
 
 
 def test_paired_set_holds_shifted_copy_arithmetic_answers():
-    c = mr.Config(em_prompts_per_family=6, progress=False)
+    c = mr.Config(eval=mr.EvalSection(em_prompts_per_family=6), progress=False)
     data = mr._em_data(c)
     # Per 6 prompts: unseen lengths 6, rare domain 0, interleaved 6, distracting turn 4 (copy, arith of 3).
     assert data["tokens"].shape[0] == 16
@@ -69,14 +70,25 @@ def test_paired_set_holds_shifted_copy_arithmetic_answers():
     assert not any(d.startswith("markov") for d in data["domains"])
     assert np.all(data["cont_lengths"] >= 1)
     # The NLL set's shifted copy/arithmetic prompts are the first ones of the paired set, family by family.
-    small = mr._eval_data(mr.Config(eval_per_family=3, progress=False), mr.DomainTask(seed=0))
+    small = mr._eval_data(mr.Config(eval=mr.EvalSection(per_family=3), progress=False), mr.DomainTask(seed=0))
     for f in ("unseen_lengths", "interleaved"):
         rows_small = small["tokens"][small["family"] == f]
         rows_big = data["tokens"][data["family"] == f]
         np.testing.assert_array_equal(rows_small, rows_big[:len(rows_small)])
 
 
-@pytest.mark.parametrize("field, value", [("em_alpha", 0.0), ("em_alpha", 1.0), ("em_prompts_per_family", 0)])
-def test_config_validation(field, value):
-    with pytest.raises(ValueError, match=field):
-        mr._validate(mr.Config(**{field: value}))
+@pytest.mark.parametrize("section, field, value, message", [
+    ("eval", "em_alpha", 0.0, r"eval\.em_alpha must be in \(0, 1\); got 0.0"),
+    ("eval", "em_alpha", 1.0, r"eval\.em_alpha must be in \(0, 1\); got 1.0"),
+    ("eval", "em_prompts_per_family", 0, r"eval\.em_prompts_per_family must be >= 1; got 0"),
+    ("eval", "prompt_len", 7, r"eval\.prompt_len must be >= 8; got 7"),
+    ("train", "steps", 0, r"train\.steps must be >= 1; got 0"),
+    ("retrieval", "num_neighbors", 300, r"retrieval\.num_neighbors must be <= retrieval\.bank_size=256; got 300"),
+    ("sweep", "intervals", (2, -1), r"sweep\.intervals must be >= 0; got \(2, -1\)"),
+])
+def test_config_validation_at_construction_names_the_field(section, field, value, message):
+    sections = {"eval": mr.EvalSection, "train": mr.TrainSection, "retrieval": mr.RetrievalSection,
+                "sweep": mr.SweepSection}
+    with pytest.raises(registry.ConfigError, match=message) as e:
+        mr.Config(**{section: sections[section](**{field: value})})
+    assert e.value.field == f"{section}.{field}"

@@ -48,6 +48,10 @@ OVERRIDES = {
     "calculus_grading": ("--ai.num-runs", "4", "ai", "num_runs", 4, "--sweep.ocr-rates"),
     "hyper_icl": ("--adapter.steps", "5", "adapter", "steps", 5, "--eval.num-queries"),
     "plmd": ("--train.steps", "5", "train", "steps", 5, "--nav.consult-every"),
+    "safethink": ("--monitor.taus", "0.3 0.7", "monitor", "taus", (0.3, 0.7), "--scorer.traces"),
+    "moe_rerouting": ("--reroute.rho", "0.25", "reroute", "rho", 0.25, "--sweep.intervals"),
+    "vegas": ("--draft.sink", "8", "draft", "sink", 8, "--ablate.variants"),
+    "rl_compute_allocation": ("--lm.n-grid", "2 4", "lm", "n_grid", (2, 4), "--bandit.per-problem-splits"),
 }
 
 
@@ -125,6 +129,14 @@ def test_help_lists_the_nested_fields(slug, capsys):
     ("calculus_grading", "--ai.num-runs", "0", "--ai.num-runs must be >= 1, got 0"),
     ("hyper_icl", "--task.num-demos", "3", "--task.num-demos must be <= task.max_demos=2; got 3"),
     ("plmd", "--data.num-test", "1", "--data.num-test must be >= 2; got 1"),
+    ("safethink", "--monitor.tau", "0", "--monitor.tau must lie in (0, 1]; got 0.0"),
+    ("safethink", "--eval.prompts", "1", "--eval.prompts must be >= 2; got 1"),
+    ("moe_rerouting", "--eval.em-alpha", "1", "--eval.em-alpha must be in (0, 1); got 1.0"),
+    ("moe_rerouting", "--retrieval.num-neighbors", "20", "--retrieval.num-neighbors must be <= "
+     "retrieval.bank_size=16; got 20"),
+    ("vegas", "--draft.main-gamma", "4", "--draft.main-gamma must be one of draft.gammas=(2,); got 4"),
+    ("rl_compute_allocation", "--sweep.bp-grid", "32", "--sweep.bp-grid must be <= bandit.num_problems=16; got (32,)"),
+    ("rl_compute_allocation", "--bandit.num-answers", "1", "--bandit.num-answers must be >= 2; got 1"),
 ])
 def test_a_bad_nested_value_names_its_flag(slug, flag, value, message, tmp_path, capsys):
     assert cli.main(["run", slug, "--preset", "smoke", "--results-dir", str(tmp_path), flag, value]) == 2

@@ -24,7 +24,8 @@ def record_case():
 def test_full_budget_accepts_every_draft_and_reads_are_counted(record_case):
     model, prompts, reference, answers = record_case
     np.testing.assert_array_equal(reference, answers)           # the model retrieves
-    c = dataclasses.replace(exp.EXPERIMENT.config("smoke"), min_tokens=4096)
+    smoke = exp.EXPERIMENT.config("smoke")
+    c = dataclasses.replace(smoke, draft=dataclasses.replace(smoke.draft, min_tokens=4096))
     gamma = 3
     m = exp.measure(c, model, prompts, reference, exp._drafter(c, "streaming", 0.05), gamma)
     assert m["lossless"]
@@ -49,9 +50,15 @@ def test_vegas_finds_the_queried_record_and_streaming_does_not(record_case):
 
 
 def test_config_rejects_bad_fields():
-    with pytest.raises(ValueError, match="ablations"):
-        exp.Config(ablations=("first_last", "middle"))
-    with pytest.raises(ValueError, match="main_ratio"):
-        exp.Config(main_ratio=0.3)
-    with pytest.raises(ValueError, match="workloads"):
-        exp.Config(workloads=("copy", "poem"))
+    with pytest.raises(ValueError, match=r"ablate\.variants must be among .*got unknown \['middle'\]"):
+        exp.Config(ablate=exp.AblateSection(variants=("first_last", "middle")))
+    with pytest.raises(ValueError, match=r"draft\.main_ratio must be one of draft\.ratios=.*; got 0\.3"):
+        exp.Config(draft=exp.DraftSection(main_ratio=0.3))
+    with pytest.raises(ValueError, match=r"draft\.main_gamma must be one of draft\.gammas=\(2, 4, 6\); got 3"):
+        exp.Config(draft=exp.DraftSection(main_gamma=3))
+    with pytest.raises(ValueError, match=r"lm\.workloads must be among .*got unknown \['poem'\]"):
+        exp.Config(lm=exp.LMSection(workloads=("copy", "poem")))
+    with pytest.raises(ValueError, match=r"ablate\.ratio must be <= max\(draft\.ratios\) = 0\.2; got 0\.5"):
+        exp.Config(ablate=exp.AblateSection(ratio=0.5))
+    with pytest.raises(ValueError, match=r"decode\.new_tokens must be >= 4"):
+        exp.Config(decode=exp.DecodeSection(new_tokens=3))
