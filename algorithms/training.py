@@ -243,8 +243,14 @@ def init_train_state(
     seed: int = 0,
     mesh: jax.sharding.Mesh | None = None,
     rules: tuple[tuple[str, Any], ...] = DEFAULT_LOGICAL_AXIS_RULES,
+    abstract: bool = False,
 ) -> tuple[nnx.GraphDef, TrainState, Any]:
     """Creates the train state, sharded over `mesh` when one is given.
+
+    With ``abstract=True`` nothing is computed or allocated: the state is a pytree of
+    `jax.ShapeDtypeStruct` carrying the shardings, ready for
+    ``make_train_step(...).trace(state, batch).lower().compile()`` on a mesh of device
+    descriptions (a TPU slice compiled ahead of time on a CPU machine, see `experiments.aot`).
 
     Args:
       model_fn: builds the model from `nnx.Rngs`; must hold only `nnx.Param` state.
@@ -252,6 +258,7 @@ def init_train_state(
       seed: parameter init seed.
       mesh: device mesh; None = default device, no sharding.
       rules: logical-axis rules for the parameters' `out_sharding` names.
+      abstract: return shapes, dtypes and shardings only.
 
     Returns:
       (graphdef, state, state_shardings); shardings is None without a mesh.
@@ -268,21 +275,24 @@ def init_train_state(
     if rest and jax.tree.leaves(rest):
         raise ValueError("init_train_state supports models whose state is only nnx.Param")
     if mesh is None:
-        return graphdef, jax.jit(init)(), None
+        return graphdef, (jax.eval_shape(init) if abstract else jax.jit(init)()), None
 
     logical = nnx.to_pure_dict(nnx.get_partition_spec(abstract_state))
     abstract_params = nnx.to_pure_dict(abstract_state)
     param_sh = _param_shardings(abstract_params, logical, mesh, rules)
     replicated = NamedSharding(mesh, P())
-    abstract = jax.eval_shape(init)
+    shapes = jax.eval_shape(init)
     opt_sh = optax.tree_map_params(
         optimizer,
         lambda _, sharding: sharding,
-        abstract.opt_state,
+        shapes.opt_state,
         param_sh,
         transform_non_params=lambda _: replicated,
     )
     shardings = TrainState(replicated, param_sh, opt_sh)
+    if abstract:
+        state = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), shapes, shardings)
+        return graphdef, state, shardings
     state = jax.jit(init, out_shardings=shardings)()
     return graphdef, state, shardings
 
@@ -358,8 +368,13 @@ def make_train_step(
         return jax.jit(step, donate_argnums=0)
     if mesh is None:
         raise ValueError("make_train_step needs the mesh when shardings are given")
+
+    def step_on_mesh(state: TrainState, batch: Batch):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # seen by `models.transformer.shard_batch`
+            return step(state, batch)
+
     return jax.jit(
-        step,
+        step_on_mesh,
         in_shardings=(shardings, batch_sharding(mesh)),
         out_shardings=(shardings, NamedSharding(mesh, P())),
         donate_argnums=0,

@@ -9,6 +9,7 @@
     python -m experiments run lm_arithmetic --help      # the run options and the config's fields
     python -m experiments catalog --markdown            # the README's paper table
     python -m experiments bench --only decode,generate  # benchmarks (experiments/bench.py)
+    python -m experiments aot lm_1b --topology v5e:4x4  # a training step compiled for a TPU slice (experiments/aot.py)
 
 Config field overrides after the slug are parsed by tyro against the
 experiment's config dataclass, starting from the chosen preset
@@ -313,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="override the run directory (default <results-dir>/<slug>/<preset>, or "
                             "<preset>-<hash> with overrides); such a run writes no REPORT file")
     sub.add_parser("bench", help="run the benchmarks (kernels and models); options: bench --help", add_help=False)
+    sub.add_parser("aot", help="compile a training step for a TPU slice ahead of time (needs libtpu); "
+                               "options: aot --help", add_help=False)
     p_rep = sub.add_parser("report", help="rebuild a preset's report from result files (quick: results/REPORT.md)")
     p_rep.add_argument("--results-dir", default="results", help="an existing directory that `run` wrote to")
     p_rep.add_argument("--preset", default="quick", choices=registry.PRESETS,
@@ -324,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
 
         bench.main(rest)
         return 0
+    if args.command == "aot":
+        from experiments import aot
+
+        return aot.main(rest)
     if args.command != "run" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:

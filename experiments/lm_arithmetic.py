@@ -132,14 +132,27 @@ def headline(metrics: Mapping[str, Any]) -> str:
             f"tokens/s, MFU {metrics['mfu']:.1%}")
 
 
+def _optimizer(c: Config) -> training.OptimizerConfig:
+    t = c.train
+    return training.OptimizerConfig(learning_rate=t.learning_rate, warmup_steps=min(t.warmup_steps, t.num_steps),
+                                    total_steps=t.num_steps, weight_decay=t.weight_decay)
+
+
+def train_step(c: Config):
+    """The training step `run` takes, for ``python -m experiments aot lm_arithmetic`` (`experiments.aot`)."""
+    from experiments import aot
+
+    task = _task(c)
+    return aot.TrainStep(model=c.model.transformer(task.tokenizer().vocab_size), optimizer=_optimizer(c),
+                         batch_size=c.train.batch_size, seq_len=task.max_seq_len - 1)
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     task = _task(c)
     tok = task.tokenizer()
     seq_len = task.max_seq_len
     model_cfg = c.model.transformer(tok.vocab_size)
-    t = c.train
-    opt = training.OptimizerConfig(learning_rate=t.learning_rate, warmup_steps=min(t.warmup_steps, t.num_steps),
-                                   total_steps=c.train.num_steps, weight_decay=c.train.weight_decay)
+    opt = _optimizer(c)
     result = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
         optimizer_config=opt,
@@ -226,6 +239,7 @@ EXPERIMENT = registry.Experiment(
                                 eval=EvalSection(examples=4096, batch_size=1024, peak_matmul_dim=4096)),
     },
     run=run,
+    train_step=train_step,
     claim="A 2-layer decoder LM trained from scratch on CPU reaches >= 95% exact match on held-out "
           "3-digit addition problems within the quick preset.",
 )

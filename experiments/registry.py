@@ -52,6 +52,9 @@ class Experiment:
       run: `run(config, workdir: pathlib.Path) -> dict` (see module docstring).
       claim: the claim checked, for experiments outside the catalog (papers
         take theirs from the catalog).
+      train_step: optional ``train_step(config) -> experiments.aot.TrainStep``, the model, optimizer and
+        batch of the run's main training step, which ``python -m experiments aot <slug>`` compiles for a
+        TPU slice ahead of time.
     """
 
     slug: str
@@ -59,6 +62,7 @@ class Experiment:
     presets: Mapping[str, Callable[[], Any]]
     run: Callable[[Any, pathlib.Path], dict]
     claim: str = ""
+    train_step: Callable[[Any], Any] | None = None
 
     def __post_init__(self):
         missing = [p for p in PRESETS if p not in self.presets]

@@ -67,6 +67,7 @@ from flax import nnx
 from models.kv_cache import KVCache, default_kv_layout, init_cache, token_major, write_tokens
 from pallas_kernels import decode_attention as decode_kernel
 from pallas_kernels import ffd_decode as ffd_kernel
+from pallas_kernels import flash_attention as flash_kernel
 from pallas_kernels import grouped_matmul as gmm_kernel
 from pallas_kernels import vegas as vegas_kernel
 from primitives import attention as attn_lib
@@ -103,7 +104,18 @@ DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("head_dim", None),
     ("mlp", "tensor"),
     ("norm", None),
+    ("layers", None),  # the stacked layer axis of a `scan_layers` model
 )
+
+# `TransformerConfig.remat`: what a block keeps for the backward pass (jax.checkpoint policies).
+# "none" keeps every intermediate; "full" keeps only each block's input and recomputes the block;
+# "dots" keeps the matmul outputs and recomputes the element-wise work (norms, activations, softmax).
+REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+REMAT = ("none", *REMAT_POLICIES)
+PREFILL_ATTENTION = ("dense", "flash")
 
 
 # Fields that are sizes (TypeError unless int; head_dim may be None) and float hyper-parameters (ValueError
@@ -147,6 +159,13 @@ class FFDConfig:
             raise ValueError(f"{p}kept_fraction must be in (0, 1]; got {self.kept_fraction}")
 
 
+def _repr_hiding_defaults(self) -> str:
+    """The dataclass repr, except that a ``repr=False`` field shows only when not at its default (so
+    adding such a field leaves the repr of existing configs, and the fingerprints built from it, alone)."""
+    shown = [f for f in dataclasses.fields(self) if f.repr or getattr(self, f.name) != f.default]
+    return f"{type(self).__name__}(" + ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in shown) + ")"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AttentionConfig:
     """How the decoder's attention reads its KV cache (`TransformerConfig.attention`).
@@ -156,7 +175,12 @@ class AttentionConfig:
         attention, the default), "kernel" (the split-K `pallas_kernels.decode_attention`
         dispatcher) or "ffd" (Faster Flash Decoding through `pallas_kernels.ffd_decode` with the
         settings in `ffd`: the cache is paged and its keys quantized on the fly each step, so this
-        is the method's semantics, not its speed). Prefill always uses dense attention.
+        is the method's semantics, not its speed).
+      prefill: how attention over whole sequences without a KV cache (training, scoring) runs:
+        "dense" (the reference, materialises the [b, h, t, t] scores) or "flash"
+        (`pallas_kernels.flash_attention`: memory linear in t, on the backend's kernel path). Flash
+        masks causally by token index, so it needs the default positions and no segment_ids or
+        attention_bias (ValueError otherwise). Not shown in the repr at its default.
       kv_layout: axis order of the KV cache `init_cache` creates: "bskd" ([b, S, k, d]) or "bksd"
         ([b, k, S, d]); None = `models.kv_cache.default_kv_layout()`, the order measured fastest on
         the default backend ("bksd" on CPU). Every path reads the cache in the order it was
@@ -167,10 +191,15 @@ class AttentionConfig:
     decode: str = "dense"
     kv_layout: str | None = None
     ffd: FFDConfig = FFDConfig()
+    prefill: str = dataclasses.field(default="dense", repr=False)
+
+    __repr__ = _repr_hiding_defaults
 
     def __post_init__(self):
         if self.decode not in DECODE_ATTENTION:
             raise ValueError(f"attention.decode must be one of {DECODE_ATTENTION}; got {self.decode!r}")
+        if self.prefill not in PREFILL_ATTENTION:
+            raise ValueError(f"attention.prefill must be one of {PREFILL_ATTENTION}; got {self.prefill!r}")
         if self.kv_layout is not None and self.kv_layout not in attn_lib.KV_LAYOUTS:
             raise ValueError(f"attention.kv_layout must be None or one of {attn_lib.KV_LAYOUTS}; "
                              f"got {self.kv_layout!r}")
@@ -264,6 +293,16 @@ class TransformerConfig:
       init_std: std of the embedding init; other weights use 1/sqrt(fan_in).
       attention: KV-cache order and decode attention (`AttentionConfig`, with its `FFDConfig`).
       moe: the MoE FFN's settings when ``ffn_type="moe"`` (`MoEConfig`).
+      scan_layers: hold the L blocks as one block with stacked parameters (a leading "layers" axis)
+        and run them with `nnx.scan`: the step compiles once per block instead of L times (a 16-layer
+        1B model compiles in seconds, not minutes). The parameter tree differs from the unrolled
+        one (checkpoints do not transfer), and the forward pass takes no KV cache and none of the
+        per-layer hooks (ValueError naming the argument): a training and scoring layout.
+      remat: rematerialisation of each block in the backward pass, one of `REMAT`: "none",
+        "full" (keep the block's input only) or "dots" (keep matmul outputs).
+
+    `scan_layers`, `remat` and `attention.prefill` change memory and compile time, not results, and
+    are left out of the repr at their defaults (repr-based checkpoint fingerprints stay valid).
     """
 
     vocab_size: int
@@ -282,6 +321,10 @@ class TransformerConfig:
     init_std: float = 0.02
     attention: AttentionConfig = AttentionConfig()
     moe: MoEConfig = MoEConfig()
+    scan_layers: bool = dataclasses.field(default=False, repr=False)
+    remat: str = dataclasses.field(default="none", repr=False)
+
+    __repr__ = _repr_hiding_defaults
 
     def __post_init__(self):
         for name in _INT_FIELDS:
@@ -313,6 +356,10 @@ class TransformerConfig:
                                 f"got {type(getattr(self, name)).__name__}")
         if self.ffn_type == "moe":
             self.moe.check()
+        if not isinstance(self.scan_layers, bool):
+            raise TypeError(f"TransformerConfig.scan_layers must be a bool; got {self.scan_layers!r}")
+        if self.remat not in REMAT:
+            raise ValueError(f"TransformerConfig.remat must be one of {REMAT}; got {self.remat!r}")
 
     @property
     def resolved_kv_layout(self) -> str:
@@ -445,6 +492,7 @@ class Attention(nnx.Module):
         self.rope_base = config.rope_base
         self.dtype = config.compute_dtype
         self.decode_mode = config.attention.decode
+        self.prefill_mode = config.attention.prefill
         self.ffd = config.attention.ffd
 
     def __call__(
@@ -474,7 +522,12 @@ class Attention(nnx.Module):
         k = attn_lib.rope(jnp.einsum("btD,Dkd->btkd", x, wk), positions, base=self.rope_base)
         v = jnp.einsum("btD,Dkd->btkd", x, wv)
         new_cache, extras = None, {}
-        if layer_cache is None:
+        if layer_cache is None and self.prefill_mode == "flash":
+            if segment_ids is not None or bias_fn is not None:
+                raise ValueError("attention.prefill='flash' masks causally by token index: it takes no segment_ids "
+                                 "or attention_bias; use attention.prefill='dense'")
+            heads = flash_kernel.flash_attention(q, k, v, causal=True)
+        elif layer_cache is None:
             heads = attn_lib.attention(
                 q, k, v, causal=True, q_positions=positions, kv_positions=positions,
                 q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
@@ -594,7 +647,15 @@ class Transformer(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.embed = _param(rngs, (config.vocab_size, config.d_model), ("vocab", "embed"), config.init_std)
-        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+        if config.scan_layers:  # one Block whose parameters carry a leading "layers" axis of size L
+            @nnx.split_rngs(splits=config.num_layers)
+            @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+            def stacked(rngs):
+                return Block(config, rngs=rngs)
+
+            self.layers = stacked(rngs)
+        else:
+            self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
         self.final_norm = RMSNorm(config.d_model, eps=config.norm_eps)
         if not config.tie_embeddings:
             self.unembed = _param(rngs, (config.d_model, config.vocab_size), ("embed", "vocab"),
@@ -673,6 +734,7 @@ class Transformer(nnx.Module):
             raise ValueError(f"tokens must be [b, t]; got shape {tokens.shape}")
         check_token_ids("tokens", tokens, c.vocab_size)  # dtype always; values only when concrete
         b, t = tokens.shape
+        explicit_positions = positions is not None
         self._check_hooks(b, t, head_mask, head_deltas, residual_deltas)
         if router_biases is not None:
             E = c.moe.num_experts
@@ -709,16 +771,30 @@ class Transformer(nnx.Module):
                 raise ValueError(f"input_embeddings must be [b, t, D]=({b}, {t}, {c.d_model}); "
                                  f"got shape {tuple(input_embeddings.shape)}")
             x = input_embeddings.astype(c.compute_dtype)
+        if c.attention.prefill == "flash" and cache is None and explicit_positions:
+            raise ValueError("attention.prefill='flash' masks causally by token index, so positions must be the "
+                             "default 0..t-1 (pass none); use attention.prefill='dense' for custom positions")
+        aux_loss = jnp.zeros((), jnp.float32)
+        if c.scan_layers:
+            unsupported = {"cache": cache, "head_mask": head_mask, "head_deltas": head_deltas,
+                           "residual_deltas": residual_deltas, "router_biases": router_biases,
+                           "score_rows": score_rows, "sparse_decode": sparse_decode,
+                           "attention_bias": attention_bias, "return_intermediates": return_intermediates or None}
+            given = [name for name, value in unsupported.items() if value is not None]
+            if given:
+                raise ValueError(f"a scan_layers model takes no {', '.join(given)} (a training and scoring layout); "
+                                 "build the model with scan_layers=False for these")
+            x, aux_loss = self._scan_blocks(shard_batch(x), positions, segment_ids, aux_loss)
+            return self._logits(x, logits_at, None, aux_loss, None)
         residuals, head_outputs, ffn_aux = [x], [], []
         new_keys, new_values, attn_scores, attn_lse = [], [], [], []
-        aux_loss = jnp.zeros((), jnp.float32)
         for l, layer in enumerate(self.layers):
             sparse = None
             if sparse_decode is not None:
                 sparse = (functools.partial(sparse_decode.select, l), sparse_decode.recent_start,
                           int(sparse_decode.max_recent))
-            x, heads, new_kv, aux, extras = layer(
-                x, positions,
+            x, heads, new_kv, aux, extras = _call_block(
+                layer, x, positions, c.remat,
                 segment_ids=segment_ids,
                 layer_cache=None if cache is None else (cache.keys[l], cache.values[l]),
                 cache_lengths=None if cache is None else cache.lengths,
@@ -745,18 +821,6 @@ class Transformer(nnx.Module):
                 head_outputs.append(heads)
                 ffn_aux.append(aux)
 
-        if logits_at is not None:
-            logits_at = jnp.asarray(logits_at)
-            if logits_at.ndim != 2 or logits_at.shape[0] != b:
-                raise ValueError(f"logits_at must be [b={b}, r] positions; got shape {logits_at.shape}")
-            x = jnp.take_along_axis(x, logits_at.astype(jnp.int32)[:, :, None], axis=1)
-        h = self.final_norm(x)
-        if c.tie_embeddings:
-            logits = jnp.einsum("btD,vD->btv", h, self.embed[...].astype(c.compute_dtype))
-        else:
-            logits = h @ self.unembed[...].astype(c.compute_dtype)
-        logits = logits.astype(jnp.float32)
-
         new_cache = None
         if cache is not None:
             advance = jnp.full((b,), t, jnp.int32) if num_valid is None else num_valid.astype(jnp.int32)
@@ -771,7 +835,33 @@ class Transformer(nnx.Module):
         if score_rows is not None:
             intermediates = dict(intermediates or {}, attn_scores=jnp.stack(attn_scores),
                                  attn_lse=jnp.stack(attn_lse))
-        return TransformerOutput(logits, new_cache, aux_loss, intermediates)
+        return self._logits(x, logits_at, new_cache, aux_loss, intermediates)
+
+    def _scan_blocks(self, x, positions, segment_ids, aux_loss):
+        """The L stacked blocks of a `scan_layers` model over x [b, t, D]: (x, summed auxiliary loss)."""
+
+        def block_step(carry, block):
+            x, aux_loss = carry
+            x, _, _, aux, _ = block(x, positions, segment_ids=segment_ids)
+            return shard_batch(x), aux_loss + aux.get("loss", 0.0)
+
+        step = _rematted(block_step, self.config.remat)
+        return nnx.scan(step, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)((x, aux_loss), self.layers)
+
+    def _logits(self, x, logits_at, new_cache, aux_loss, intermediates) -> TransformerOutput:
+        """The final norm and output projection of the residual stream x [b, t, D] (at `logits_at` rows)."""
+        c = self.config
+        if logits_at is not None:
+            logits_at = jnp.asarray(logits_at)
+            if logits_at.ndim != 2 or logits_at.shape[0] != x.shape[0]:
+                raise ValueError(f"logits_at must be [b={x.shape[0]}, r] positions; got shape {logits_at.shape}")
+            x = jnp.take_along_axis(x, logits_at.astype(jnp.int32)[:, :, None], axis=1)
+        h = self.final_norm(x)
+        if c.tie_embeddings:
+            logits = jnp.einsum("btD,vD->btv", h, self.embed[...].astype(c.compute_dtype))
+        else:
+            logits = h @ self.unembed[...].astype(c.compute_dtype)
+        return TransformerOutput(logits.astype(jnp.float32), new_cache, aux_loss, intermediates)
 
     def _check_hooks(self, b, t, head_mask, head_deltas, residual_deltas):
         c = self.config
@@ -784,6 +874,34 @@ class Transformer(nnx.Module):
         for name, (value, shapes) in allowed.items():
             if value is not None and tuple(value.shape) not in shapes:
                 raise ValueError(f"{name} must have one of the shapes {shapes}; got {tuple(value.shape)}")
+
+
+def shard_batch(x: jax.Array) -> jax.Array:
+    """x [b, ...] constrained to batch-sharded over the ("data", "fsdp") axes of the mesh in context.
+
+    Without it the partitioner may follow the fully sharded weights and split activations along the
+    model width instead, computing every sequence's attention on every chip. A no-op outside a mesh
+    context (`jax.set_mesh`, which `algorithms.training.make_train_step` enters) or when the batch does not
+    divide over those axes.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not {"data", "fsdp"} <= set(mesh.axis_names):
+        return x
+    if x.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]):
+        return x
+    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(("data", "fsdp")))
+
+
+def _rematted(fn, remat: str):
+    """`fn` (a function taking its modules as arguments) rematerialised under `REMAT_POLICIES[remat]`."""
+    if remat == "none":
+        return fn
+    return nnx.remat(fn, policy=REMAT_POLICIES[remat])
+
+
+def _call_block(block: Block, x, positions, remat: str, **kwargs):
+    """``block(x, positions, **kwargs)``, rematerialised per `remat` (the hooks in kwargs are closed over)."""
+    return _rematted(lambda blk, x: blk(x, positions, **kwargs), remat)(block, x)
 
 
 def _residual_delta(delta: jax.Array) -> jax.Array:

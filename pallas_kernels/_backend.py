@@ -17,6 +17,10 @@ One place decides, for a public kernel call,
     carries TPU or Triton parameters while being interpreted, which is what the
     cross-lowering tests rely on.
 
+`compiling_for("tpu")` makes both resolve as if that were the default backend, for compiling
+ahead of time on a CPU-only machine for a TPU described by `jax.experimental.topologies`
+(`experiments.aot` compiles whole training steps this way).
+
 `lower_for(fn, *args, platform)` lowers a jitted call for "tpu" or "cuda" on a
 CPU-only machine: it catches TPU block-shape rules and Triton's power-of-two
 and no-scratch rules without the hardware (see PALLAS.md).
@@ -37,6 +41,8 @@ from jax.experimental.pallas import triton as pltriton
 
 __all__ = [
     "IMPLEMENTATIONS",
+    "compiling_for",
+    "target_backend",
     "resolve_implementation",
     "resolve_interpret",
     "compiler_params",
@@ -52,6 +58,31 @@ IMPLEMENTATIONS = ("xla", "pallas", "pallas_tpu", "pallas_triton")
 _TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
 
 
+_TARGET: list[str] = []  # the innermost `compiling_for` platform, if any
+
+
+def target_backend() -> str:
+    """The backend kernels are resolved for: the `compiling_for` platform, else `jax.default_backend()`."""
+    return _TARGET[-1] if _TARGET else jax.default_backend()
+
+
+@contextlib.contextmanager
+def compiling_for(platform: str):
+    """Resolves ``implementation=None`` / ``interpret=None`` as on `platform` ("tpu", "gpu" or "cpu") inside.
+
+    For tracing a program that is compiled for another platform than this process's default (a TPU
+    slice's device descriptions on a CPU machine). Kernel wrappers are jitted and cache their traces
+    by argument, not by this context: trace them first inside it.
+    """
+    if platform not in ("tpu", "gpu", "cpu"):
+        raise ValueError(f"platform must be 'tpu', 'gpu' or 'cpu'; got {platform!r}")
+    _TARGET.append(platform)
+    try:
+        yield
+    finally:
+        _TARGET.pop()
+
+
 def resolve_implementation(implementation: str | None, *, supported: Sequence[str] = ("pallas_tpu", "pallas_triton")) -> str:
     """Maps the user's `implementation=` to "xla", "pallas_tpu" or "pallas_triton".
 
@@ -61,7 +92,7 @@ def resolve_implementation(implementation: str | None, *, supported: Sequence[st
     """
     if implementation is not None and implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None; got {implementation!r}")
-    backend = jax.default_backend()
+    backend = target_backend()
     if implementation == "xla":
         return "xla"
     if implementation is None:
@@ -78,8 +109,8 @@ def resolve_implementation(implementation: str | None, *, supported: Sequence[st
 
 
 def resolve_interpret(interpret: bool | None) -> bool:
-    """None -> interpret iff the default backend is CPU."""
-    return jax.default_backend() == "cpu" if interpret is None else bool(interpret)
+    """None -> interpret iff the target backend (`target_backend`) is CPU."""
+    return target_backend() == "cpu" if interpret is None else bool(interpret)
 
 
 def compiler_params(

@@ -1,0 +1,240 @@
+"""Compile one training step for a TPU pod slice ahead of time, on a machine without a TPU.
+
+With libtpu installed (the ``[tpu]`` extra) the real TPU compiler runs here against the device
+descriptions of a slice (`jax.experimental.topologies`), as MaxText's ``compile_topology`` does. The
+train state is built abstractly (`algorithms.training.init_train_state(..., abstract=True)`: shapes and
+shardings, nothing allocated), the step is traced with the kernels resolved for TPU
+(`pallas_kernels._backend.compiling_for`), and the compiled program's per-chip memory is compared with
+the chip's HBM::
+
+    python -m experiments aot lm_1b --topology v5e:4x4 --mesh 1 16 1
+    python -m experiments aot lm_arithmetic --preset paper --topology v5e:2x2
+    python -m experiments aot lm_1b --topology v5e:4x4 --remat none --no-scan-layers   # what scan and remat buy
+
+A target is `lm_1b` (the 1B-parameter decoder LM of issue 35: d_model 2048, 16 layers, 16/8 heads,
+d_ff 7168, vocabulary 32k, sequence 2048, bfloat16 compute, scanned and rematerialised blocks) or an
+experiment whose registry entry defines ``train_step`` (its preset's model, optimizer and batch as a
+`TrainStep`). Measured results: ``results/aot/train_steps.json`` (``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import time
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from algorithms import training
+from models.transformer import PREFILL_ATTENTION, REMAT, Transformer, TransformerConfig
+
+__all__ = ["TrainStep", "HBM_GIB", "lm_1b", "compile_train_step", "targets", "main"]
+
+# HBM per chip, GiB (public spec sheets). XLA reserves a little of it: the compiler's own limit is the
+# final word (a step over it fails to compile with its message).
+HBM_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainStep:
+    """One training step to compile: a decoder LM, its optimizer and the global batch shape.
+
+    Attributes:
+      model: the `TransformerConfig` (its `scan_layers`, `remat` and `attention.prefill` may be overridden
+        from the command line).
+      optimizer: the `training.OptimizerConfig` of the run.
+      batch_size: global sequences per step (split over the mesh's data and fsdp axes).
+      seq_len: tokens per sequence (inputs and targets).
+      loss_fn: `(model, batch) -> (loss, metrics)`; default next-token cross-entropy.
+    """
+
+    model: TransformerConfig
+    optimizer: training.OptimizerConfig = training.OptimizerConfig()
+    batch_size: int
+    seq_len: int
+    loss_fn: Callable = training.next_token_loss
+
+
+def lm_1b(batch_size: int = 16) -> TrainStep:
+    """The 1.04B-parameter decoder LM at sequence 2048 (AdamW, float32 parameters, bfloat16 compute)."""
+    model = TransformerConfig(vocab_size=32_000, d_model=2048, num_layers=16, num_heads=16, num_kv_heads=8,
+                              d_ff=7168, dtype="bfloat16", scan_layers=True, remat="full")
+    return TrainStep(model=model, batch_size=batch_size, seq_len=2048)
+
+
+def targets() -> dict[str, str]:
+    """Target name -> what it compiles: `lm_1b` and every experiment with a ``train_step``."""
+    from experiments import registry
+
+    out = {"lm_1b": "the 1B decoder LM of issue 35 at sequence 2048"}
+    for slug in registry.implemented_slugs():
+        if registry.get(slug).train_step is not None:
+            out[slug] = f"{slug}'s training step at a preset (--preset)"
+    return out
+
+
+def _global_batch(step: TrainStep, mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    if step.batch_size % shards:
+        raise ValueError(f"batch_size {step.batch_size} does not split over the mesh's data x fsdp = {shards} "
+                         f"devices; use a multiple of {shards} (--batch)")
+    sharding = training.batch_sharding(mesh)
+    shape = (step.batch_size, step.seq_len)
+    batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k in ("inputs", "targets")}
+    batch["loss_mask"] = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)
+    return batch
+
+
+def compile_train_step(step: TrainStep, *, topology: str, mesh: training.MeshConfig) -> dict[str, Any]:
+    """Compiles one `make_train_step` step of `step` for `topology` from abstract shapes.
+
+    Returns:
+      a dict: ok, error (the compiler's message when it refused), mesh, chips, params, compile_s,
+      per-chip bytes (argument, output, alias, temp, generated code, total), hbm_bytes, fits, suggestion.
+
+    Raises:
+      RuntimeError: libtpu is not installed. ValueError: the mesh or batch does not divide the slice.
+    """
+    from pallas_kernels import _backend
+    from pallas_kernels import aot as kernel_aot
+
+    devices = kernel_aot.tpu_devices(topology)
+    device_mesh = training.make_mesh(mesh, devices)
+    batch = _global_batch(step, device_mesh)
+    optimizer = training.make_optimizer(step.optimizer)
+    row: dict[str, Any] = {"topology": topology, "chips": len(devices), "mesh": list(device_mesh.shape.values()),
+                           "params": step.model.num_params(), "batch_size": step.batch_size, "seq_len": step.seq_len,
+                           "scan_layers": step.model.scan_layers, "remat": step.model.remat,
+                           "prefill": step.model.attention.prefill}
+    cache_on = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)  # a TPU executable cannot be loaded back here
+    try:
+        with _backend.compiling_for("tpu"):
+            t0 = time.perf_counter()
+            graphdef, state, shardings = training.init_train_state(
+                lambda rngs: Transformer(step.model, rngs=rngs), optimizer, mesh=device_mesh,
+                rules=mesh.logical_axis_rules, abstract=True)
+            fn = training.make_train_step(graphdef, optimizer, loss_fn=step.loss_fn, shardings=shardings,
+                                          mesh=device_mesh)
+            lowered = fn.trace(state, batch).lower()
+            row["trace_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            try:
+                compiled = lowered.compile()
+            except Exception as e:  # the compiler's refusal (e.g. RESOURCE_EXHAUSTED over HBM) is the result
+                row.update(ok=False, compile_s=time.perf_counter() - t0, error=kernel_aot._first_line(str(e)))
+                row.update(fits=False, suggestion=_suggest(step, mesh, len(devices)))
+                return row
+            row["compile_s"] = time.perf_counter() - t0
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cache_on)
+    mem = compiled.memory_analysis()
+    sizes = {"argument": mem.argument_size_in_bytes, "output": mem.output_size_in_bytes,
+             "alias": mem.alias_size_in_bytes, "temp": mem.temp_size_in_bytes,
+             "code": mem.generated_code_size_in_bytes}
+    total = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"] + sizes["code"]
+    hbm = HBM_GIB.get(topology.split(":")[0])
+    fits = hbm is None or total <= hbm * 2**30
+    row.update(ok=True, error=None, bytes={k: int(v) for k, v in sizes.items()}, total_bytes=int(total),
+               hbm_bytes=None if hbm is None else hbm * 2**30, fits=fits,
+               suggestion=None if fits else _suggest(step, mesh, len(devices)))
+    return row
+
+
+def _suggest(step: TrainStep, mesh: training.MeshConfig, chips: int) -> str:
+    """What to try when a step does not fit: shard fully, then rematerialise, then fewer sequences per chip."""
+    if (mesh.data, mesh.fsdp, mesh.tensor) not in ((1, chips, 1), (1, -1, 1)):
+        return f"shard parameters and optimizer state over every chip: --mesh 1 {chips} 1"
+    if step.model.remat == "none":
+        return "rematerialise each block: --remat full"
+    if step.model.attention.prefill == "dense":
+        return "use the flash kernel for training attention (memory linear in sequence length): --prefill flash"
+    if step.batch_size > chips:
+        return f"fewer sequences per chip: --batch {chips}"
+    return "a larger slice, or tensor parallelism: --mesh 1 N T with N x T chips"
+
+
+def _target_step(name: str, preset: str, batch: int | None) -> TrainStep:
+    if name == "lm_1b":
+        return lm_1b(batch) if batch else lm_1b()
+    from experiments import registry
+
+    exp = registry.get(name)
+    if exp.train_step is None:
+        raise ValueError(f"{name!r} defines no training step to compile; targets: {sorted(targets())}")
+    step = exp.train_step(exp.config(preset))
+    return dataclasses.replace(step, batch_size=batch) if batch else step
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments aot", description=__doc__.split("\n\n")[0])
+    p.add_argument("target", help="lm_1b, or an experiment slug with a training step (see --list)")
+    p.add_argument("--preset", default="paper", help="the experiment's preset (default paper)")
+    p.add_argument("--topology", default="v5e:4x4", help="a TPU slice, e.g. v5e:4x4, v5e:16x16, v6e:2x2")
+    p.add_argument("--mesh", nargs=3, type=int, metavar=("DATA", "FSDP", "TENSOR"), default=None,
+                   help="mesh axis sizes (one may be -1); default fully sharded: 1 <chips> 1")
+    p.add_argument("--batch", type=int, default=None, help="global sequences per step (default: the target's)")
+    p.add_argument("--remat", choices=REMAT, default=None, help="override the model's rematerialisation")
+    p.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=None,
+                   help="override whether the blocks are scanned (stacked parameters)")
+    p.add_argument("--prefill", choices=PREFILL_ATTENTION, default=None, help="training attention: dense or flash")
+    p.add_argument("--json", type=pathlib.Path, default=None, help="append the result row to this JSON file")
+    a = p.parse_args(argv)
+    try:
+        step = _target_step(a.target, a.preset, a.batch)
+        model = step.model
+        if a.remat is not None:
+            model = dataclasses.replace(model, remat=a.remat)
+        if a.scan_layers is not None:
+            model = dataclasses.replace(model, scan_layers=a.scan_layers)
+        if a.prefill is not None:
+            model = dataclasses.replace(model, attention=dataclasses.replace(model.attention, prefill=a.prefill))
+        step = dataclasses.replace(step, model=model)
+        mesh = training.MeshConfig(data=1, fsdp=-1, tensor=1) if a.mesh is None else \
+            training.MeshConfig(data=a.mesh[0], fsdp=a.mesh[1], tensor=a.mesh[2])
+        row = compile_train_step(step, topology=a.topology, mesh=mesh)
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}")
+        return 2
+    row = {"target": a.target, "preset": a.preset if a.target != "lm_1b" else None, **row}
+    print(_describe(row))
+    if a.json:
+        rows = json.loads(a.json.read_text())["rows"] if a.json.exists() else []
+        meta = {"jax": jax.__version__, "libtpu": _libtpu_version(), "note": "per-chip bytes from memory_analysis() "
+                "of the step compiled for the slice's device descriptions on a CPU-only machine"}
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({**meta, "rows": rows + [row]}, indent=1) + "\n")
+    return 0 if row["ok"] and row["fits"] else 1
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
+
+
+def _libtpu_version() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("libtpu")
+
+
+def _describe(r: Mapping[str, Any]) -> str:
+    head = (f"{r['target']} on {r['topology']} ({r['chips']} chips), mesh (data, fsdp, tensor) = {tuple(r['mesh'])}: "
+            f"{_count(r['params'])} params, batch {r['batch_size']} x {r['seq_len']} tokens, "
+            f"scan_layers={r['scan_layers']}, remat={r['remat']}, prefill={r['prefill']}")
+    if not r["ok"]:
+        return f"{head}\n  does not compile ({r['compile_s']:.1f} s): {r['error']}\n  suggestion: {r['suggestion']}"
+    gib = {k: v / 2**30 for k, v in r["bytes"].items()}
+    hbm = "" if r["hbm_bytes"] is None else f" of {r['hbm_bytes'] / 2**30:.0f} GiB HBM"
+    line = (f"{head}\n  compiled in {r['compile_s']:.1f} s (trace and lower {r['trace_s']:.1f} s); per chip "
+            f"{r['total_bytes'] / 2**30:.2f} GiB{hbm} (arguments {gib['argument']:.2f}, temporaries {gib['temp']:.2f}, "
+            f"outputs not aliased {gib['output'] - gib['alias']:.2f}, code {gib['code']:.2f}): "
+            f"{'fits' if r['fits'] else 'does NOT fit'}")
+    return line + ("" if r["fits"] else f"\n  suggestion: {r['suggestion']}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
