@@ -5,7 +5,7 @@ kernel body, a public function with `implementation=` and `interpret=`, a
 frozen block-size config and a FLOPs/bytes cost model. `_backend` resolves
 implementations and builds backend-typed compiler parameters.
 
-Available: `flash_attention` (prefill, forward kernel, reference-VJP backward),
+Available: `flash_attention` (prefill; forward and backward (dq, dk/dv) Pallas kernels),
 `decode_attention` (split-K flash decoding), `kv_quant` (group-wise 2/4/8-bit
 quantize / dequantize and decode attention over packed K/V) and `ffd_decode`
 (Faster Flash Decoding: fused 2-bit scan, top-delta page selection, attention),

@@ -254,14 +254,6 @@ EXPECTED_ERRORS = {"wkv.bi_wkv_forward_backward_4k": r"t=4096 tokens: the TPU ke
 # (strictly: a case that starts compiling must be taken off this table).
 _VMEM = "Mosaic: scoped VMEM out of memory (CompileTimeScopedVmemOom)"
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("flash_attention.forward_causal_32k", "v5e"): _VMEM + ": each program holds a head's whole K and V",
-    ("flash_attention.forward_backward_8k", "v5e"): "HBM: 16.5 GiB of temporaries > 15.75 GiB; the backward is "
-                                                    "the XLA reference VJP, which stores the [h, t, s] scores",
-    ("grouped_matmul.up_8x2048x5632", "v5e"): _VMEM + ": the rhs block keeps every expert's tile",
-    ("grouped_matmul.up_8x2048x5632_backward", "v5e"): _VMEM + " (input-gradient matmul)",
-    ("grouped_matmul.up_8x2048x5632_backward", "v6e"): _VMEM + " (input-gradient matmul)",
-    ("grouped_matmul.down_8x5632x2048", "v5e"): _VMEM,
-    ("grouped_matmul.down_8x5632x2048", "v6e"): _VMEM,
     ("qvg.qvg_attention_span_8k", "v5e"): _VMEM + ": each program holds the whole span",
     ("qvg.qvg_attention_span_8k", "v6e"): _VMEM + ": each program holds the whole span",
     ("qvg.qvg_attention_span_32k", "v5e"): _VMEM + ": each program holds the whole span",

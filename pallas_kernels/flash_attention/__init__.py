@@ -1,4 +1,4 @@
-"""Flash-attention prefill (GQA, causal), forward kernel with a reference-VJP backward."""
+"""Flash-attention prefill (GQA, causal), forward and backward Pallas kernels."""
 
 from pallas_kernels.flash_attention.api import flash_attention
 from pallas_kernels.flash_attention.config import FlashBlockSizes
