@@ -2,7 +2,8 @@
 
 Dimension legend: `g` groups (all leading dims flattened), `s` points / span tokens, `d` dim,
 `k` centroids, `b` batch, `t` query tokens, `h` query heads, `kh` KV heads (h % kh == 0),
-`n` stages.
+`n` stages, `G` residual group size; a residual of `bits` bits packs 8 / bits codes (planes) per
+byte, so its codes are [.., d / (8 / bits)].
 
 `kmeans_assign` is `primitives.kmeans.assign`: nearest centroid by ``|x|^2 - 2 x.c + |c|^2``,
 lowest index on ties. On compiled GPUs the matmul may run in TF32, which can flip near-ties; the
@@ -11,9 +12,32 @@ interpreter matches the reference exactly.
 `qvg_attention` is `primitives.attention.attention(q, K, V, kv_lengths=lengths)` where K and V are
 the dequantized QVG spans (`primitives.residual_quantization.QVGTensor` of shape [b, kh, s, d], the
 per-(batch, head) layout the quantizer clusters over). The kernel reads labels, centroids, packed
-residual codes and scales, never a float copy (see `kernel.py` for the one-hot formulation). The
-stored fp8 scales are widened to float32 in the wrapper (s d / G elements, 1/G of the span), since
-neither backend's dot or convert path needs fp8 there.
+residual codes and scales, never a float copy (see `kernel.py` for the one-hot formulation).
+
+Layout and splits (what makes long spans fit a TPU). Grid (b, kh, splits): the span is cut into
+`num_splits` parts of whole `block_k` tiles, each program returns its unnormalized partial (o, m, l)
+and the wrapper merges the parts with `primitives.attention.combine_partials`, as `kv_quant`'s
+quantized decode does. A split axis with partials (rather than an "arbitrary" axis accumulating in
+VMEM scratch) keeps one kernel body for Mosaic and Triton (Triton has no scratch) and leaves every
+axis parallel; its cost is one [rows, d] float32 partial per split and a q C^T per split, so on TPU
+the default takes the fewest splits whose blocks fit `_backend.TPU_BLOCK_VMEM_BUDGET`
+(`config.default_splits`). Every per-token array lies with the tokens along the lanes: labels [b,
+kh, n, s], codes [b, kh, d/(8/bits), s], scales and zero points [b, kh, d/G, s]. Token-major, their
+narrow last dims (labels 1, codes 32, scales 2 to 8) padded to 128 lanes, 4x to 128x their size: the
+whole 8k span no longer fitted (Mosaic: 28.56M > 16M scoped VMEM on v5e). Lane-major, a token costs
+about 170 bytes of double-buffered VMEM in the production case (K in QVG's format, V in QVG-Pro's, d
+= 128: 16.20M measured at 96k tokens in one split on v5e; `config.tpu_bytes_per_token` estimates
+384, which is the safe side). The codes are read plane by plane (byte row r of plane i is channel
+``(r // sub) G + i sub + r % sub``, sub = G / (8 / bits)); the wrapper permutes the channels of q,
+of the centroids and of the output accordingly (`channel_order`), so each tile takes one [R,
+d/(8/bits)] x [d/(8/bits), bk] dot per plane.
+
+Compiled for TPU on this machine against device descriptions (`python -m pallas_kernels.aot --only
+qvg`; JAX 0.10.2, libtpu 0.0.42.1): batch 8, 8 KV heads x 64 query rows, d = 128, spans 8k, 32k (one
+split, 0 MiB of XLA temporaries) up to 1M tokens (32 splits by default) on v5e and v6e.
+
+The stored scales and zero points are widened in the wrapper (s d / G elements, 1/G of the span):
+fp8 to bfloat16 (exact), float16 / float32 to float32, since neither backend's convert path needs fp8.
 """
 
 from __future__ import annotations
@@ -23,11 +47,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels import _backend
-from pallas_kernels.qvg.config import AssignBlockSizes, QVGAttentionBlockSizes
+from pallas_kernels.qvg.config import AssignBlockSizes, QVGAttentionBlockSizes, default_splits, tpu_bytes_per_token
 from pallas_kernels.qvg.cost import assign_cost, qvg_attention_cost
 from pallas_kernels.qvg.kernel import kmeans_assign_kernel, qvg_attention_kernel
 from primitives import attention as attn_ref
@@ -104,14 +129,38 @@ def _check_span(name: str, t, q: jax.Array) -> None:
                          f"axis={r.axis}, pack_block={r.pack_block}")
 
 
-def _meta(t: rq.QVGTensor, implementation: str, name: str):
+def _meta(t: rq.QVGTensor, implementation: str, name: str, d: int):
     r = t.residual
     if r is None:
         return None
-    sub = r.group_size // (8 // r.bits)
-    if implementation == "pallas_triton" and sub < 16:
-        raise ValueError(f"Triton's dot needs >= 16 channels per sub-slice: {name} group_size / (8 / bits) = {sub}")
+    if implementation == "pallas_triton" and d * r.bits // 8 < 16:
+        raise ValueError(f"Triton's dot needs >= 16 channels per code plane: {name} d / (8 / bits) = "
+                         f"{d * r.bits // 8}")
     return (r.bits, r.group_size, r.scheme)
+
+
+def channel_order(d: int, meta: tuple | None) -> np.ndarray:
+    """[d] channel index of each position of the kernel's plane-major order for a residual format
+    meta = (bits, G, scheme): position ``i d/n + r`` is plane i of packed byte r, i.e. channel
+    ``(r // sub) G + i sub + r % sub`` with n = 8 / bits, sub = G / n (the identity when meta is None)."""
+    if meta is None:
+        return np.arange(d)
+    n = 8 // meta[0]
+    sub, dn = meta[1] // n, d // n
+    r = np.arange(dn)
+    return np.concatenate([(r // sub) * meta[1] + i * sub + r % sub for i in range(n)])
+
+
+def _widen(a: jax.Array) -> jax.Array:
+    """Scales / zero points in a dtype both backends load and convert: fp8 (and bfloat16) become bfloat16,
+    which holds every fp8 value exactly; float16 and float32 become float32."""
+    dt = jnp.dtype(a.dtype)
+    return a.astype(jnp.bfloat16 if dt.itemsize == 1 or dt == jnp.bfloat16 else jnp.float32)
+
+
+def _take_channels(a: jax.Array, order: np.ndarray) -> jax.Array:
+    """a[..., order] (no gather when `order` is the identity)."""
+    return a if np.array_equal(order, np.arange(a.shape[-1])) else a[..., order]
 
 
 def reference(q: jax.Array, k: rq.QVGTensor, v: rq.QVGTensor, lengths: jax.Array, *, scale: float):
@@ -136,7 +185,8 @@ def qvg_attention(q: jax.Array, k: rq.QVGTensor, v: rq.QVGTensor, lengths: jax.A
         residual format).
       lengths: [b] valid span tokens per sequence (default: all s).
       scale: logit scale (default 1/sqrt(d)).
-      block_sizes: tiling; default `QVGAttentionBlockSizes.default(seq_len=s)`.
+      block_sizes: tiling; default `QVGAttentionBlockSizes.default(...)`; `num_splits=None` (the default)
+        picks the split count with `config.default_splits` (on TPU: the fewest that fit VMEM).
       return_residuals: also return lse [b, h, t] float32 (to merge with attention over the
         full-precision chunks via `primitives.attention.combine_partials`).
       implementation: None | "xla" (dequantize, then the reference) | "pallas" | "pallas_tpu" | "pallas_triton".
@@ -163,60 +213,77 @@ def qvg_attention(q: jax.Array, k: rq.QVGTensor, v: rq.QVGTensor, lengths: jax.A
         out, lse = reference(q, k, v, lengths, scale=scale)
         return (out.astype(q.dtype), lse) if return_residuals else out.astype(q.dtype)
 
-    k_meta, v_meta = _meta(k, impl, "k"), _meta(v, impl, "v")
-    bs = block_sizes or QVGAttentionBlockSizes.default(seq_len=s)
+    k_meta, v_meta = _meta(k, impl, "k", d), _meta(v, impl, "v", d)
+    bs = block_sizes or QVGAttentionBlockSizes.default(seq_len=s, implementation=impl)
     bs.validate(impl)
     g = h // kh
     rows = g * t
     rp = _backend.padded_rows(rows, impl)
     # Rows of one KV head: its g query heads times the t query tokens.
     qg = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, rows, d)
-    qg = _backend.pad_axis(qg, 2, rp)
-    sp = max(1, -(-s // bs.block_k)) * bs.block_k
+    qg = _backend.pad_axis(_take_channels(qg, channel_order(d, k_meta)), 2, rp)
 
-    arrays, specs = [], []
-    for span in (k, v):
-        n, kc = span.labels.shape[0], span.centroids.shape[-2]
-        kp = _backend.padded_rows(kc, impl)
-        labels = _backend.pad_axis(span.labels, 3, sp)[..., None]  # [n, b, kh, sp, 1]
-        cents = _backend.pad_axis(span.centroids, 3, kp)  # [n, b, kh, kp, d]
-        arrays += [labels, cents]
-        specs += [pl.BlockSpec((n, None, None, sp, 1), lambda i, j: (0, i, j, 0, 0)),
-                  pl.BlockSpec((n, None, None, kp, d), lambda i, j: (0, i, j, 0, 0))]
+    # Every per-token array lies with the tokens along the last (lane) axis: labels [b, kh, n, s], codes
+    # [b, kh, d/n, s], scales and zero points [b, kh, d/G, s]; token-major, their narrow last dims (1,
+    # d/n, d/G) would pad to 128 lanes in TPU VMEM (and HBM).
+    spans = []  # per span: ([per-token arrays], centroids)
+    for span, meta in ((k, k_meta), (v, v_meta)):
+        kc = span.centroids.shape[-2]
+        cents = _backend.pad_axis(span.centroids, 3, _backend.padded_rows(kc, impl))  # [n, b, kh, kp, d]
+        cents = _take_channels(cents, channel_order(d, meta))  # in the order of q (keys) / of the output (values)
+        per_token = [jnp.moveaxis(span.labels, 0, 2)]
         r = span.residual
         if r is not None:
-            parts = [r.codes, r.scale.astype(jnp.float32)] + ([r.zero.astype(jnp.float32)]
-                                                              if r.scheme == "asymmetric" else [])
-            for a in parts:
-                arrays.append(_backend.pad_axis(a, 2, sp))
-                specs.append(pl.BlockSpec((None, None, sp, a.shape[-1]), lambda i, j: (i, j, 0, 0)))
+            per_token += [jnp.swapaxes(a, 2, 3) for a in [r.codes, _widen(r.scale)]
+                          + ([_widen(r.zero)] if r.scheme == "asymmetric" else [])]
+        spans.append((per_token, cents))
+    bytes_per_token = tpu_bytes_per_token([(a.shape[2], a.dtype.itemsize) for pt, _ in spans for a in pt])
+    splits = bs.num_splits or default_splits(seq_len=s, block_k=bs.block_k, programs=b * kh, implementation=impl,
+                                             bytes_per_token=bytes_per_token)
+    chunk = bs.block_k * splits
+    sp = max(1, -(-s // chunk)) * chunk  # whole splits; padded tokens lie past every length
+    split_len = sp // splits
+
+    arrays, specs = [], []
+    for per_token, cents in spans:
+        n = cents.shape[0]
+        for pos, a in enumerate(per_token):
+            arrays.append(_backend.pad_axis(a, 3, sp))
+            specs.append(pl.BlockSpec((None, None, a.shape[2], split_len), lambda i, j, c: (i, j, 0, c)))
+            if pos == 0:  # the centroids follow the labels
+                arrays.append(cents)
+                specs.append(pl.BlockSpec((n, None, None) + cents.shape[3:], lambda i, j, c: (0, i, j, 0, 0)))
     len_spec = (pl.BlockSpec(memory_space=pltpu.SMEM) if impl == "pallas_tpu"
-                else pl.BlockSpec((b,), lambda i, j: (0,)))
+                else pl.BlockSpec((b,), lambda i, j, c: (0,)))
     cost = qvg_attention_cost(batch=b, query_rows=rows, kv_heads=kh, span=s, dim=d,
                               stored_bytes=k.nbytes + v.nbytes, k_stages=k.labels.shape[0],
                               v_stages=v.labels.shape[0], centroids=max(k.centroids.shape[-2], v.centroids.shape[-2]),
-                              q_itemsize=q.dtype.itemsize)
+                              q_itemsize=q.dtype.itemsize, splits=splits)
     kernel = functools.partial(qvg_attention_kernel, k_stages=k.labels.shape[0], v_stages=v.labels.shape[0],
-                               k_meta=k_meta, v_meta=v_meta, block_k=bs.block_k, num_tiles=sp // bs.block_k,
-                               scale=scale)
-    stat = jax.ShapeDtypeStruct((b, kh, rp, 1), jnp.float32)
+                               k_meta=k_meta, v_meta=v_meta, block_k=bs.block_k, split_len=split_len, scale=scale)
+    stat = jax.ShapeDtypeStruct((b, kh, splits, rp, 1), jnp.float32)
     with _backend.quiet_triton_deprecation():
         o, m, l = pl.pallas_call(
             kernel,
-            grid=(b, kh),
-            in_specs=[len_spec, pl.BlockSpec((None, None, rp, d), lambda i, j: (i, j, 0, 0))] + specs,
-            out_specs=[pl.BlockSpec((None, None, rp, d), lambda i, j: (i, j, 0, 0)),
-                       pl.BlockSpec((None, None, rp, 1), lambda i, j: (i, j, 0, 0)),
-                       pl.BlockSpec((None, None, rp, 1), lambda i, j: (i, j, 0, 0))],
-            out_shape=[jax.ShapeDtypeStruct((b, kh, rp, d), jnp.float32), stat, stat],
-            compiler_params=_backend.compiler_params(impl, dimension_semantics=("parallel", "parallel")),
+            grid=(b, kh, splits),
+            in_specs=[len_spec, pl.BlockSpec((None, None, rp, d), lambda i, j, c: (i, j, 0, 0))] + specs,
+            out_specs=[pl.BlockSpec((None, None, None, rp, d), lambda i, j, c: (i, j, c, 0, 0)),
+                       pl.BlockSpec((None, None, None, rp, 1), lambda i, j, c: (i, j, c, 0, 0)),
+                       pl.BlockSpec((None, None, None, rp, 1), lambda i, j, c: (i, j, c, 0, 0))],
+            out_shape=[jax.ShapeDtypeStruct((b, kh, splits, rp, d), jnp.float32), stat, stat],
+            compiler_params=_backend.compiler_params(impl, dimension_semantics=("parallel", "parallel", "parallel")),
             interpret=_backend.resolve_interpret(interpret),
             cost_estimate=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed),
                                           transcendentals=int(cost.transcendentals)),
             name="qvg_attention",
         )(lengths, qg, *arrays)
-    o, m, l = o[:, :, :rows], m[:, :, :rows, 0], l[:, :, :rows, 0]
+    # Merge the splits: [splits, b, kh, rows(, d)], each normalized over its own tokens.
+    o = _take_channels(o[:, :, :, :rows], np.argsort(channel_order(d, v_meta)))
+    m, l = m[:, :, :, :rows, 0], l[:, :, :, :rows, 0]
     safe = jnp.where(l > 0, l, 1.0)
-    out = (o / safe[..., None]).reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
-    lse = jnp.where(l > 0, m + jnp.log(safe), -jnp.inf).reshape(b, h, t)
+    part = jnp.moveaxis(o / safe[..., None], 2, 0)
+    part_lse = jnp.moveaxis(jnp.where(l > 0, m + jnp.log(safe), -jnp.inf), 2, 0)
+    merged = attn_ref.combine_partials(part, part_lse)
+    out = merged.out.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+    lse = merged.lse.reshape(b, h, t)
     return (out.astype(q.dtype), lse) if return_residuals else out.astype(q.dtype)
