@@ -197,6 +197,12 @@ def cmd_run(args, overrides: list[str]) -> int:
                for slug in slugs}
     if args.jobs > 1 and len(slugs) > 1 and not overrides and args.workdir is None:
         return _run_parallel(args, slugs)
+    from algorithms import training
+
+    if training.initialize_distributed():  # a multi-host job (a TPU pod slice): every host runs this command
+        import jax
+
+        print(f"==> host {jax.process_index()} of {jax.process_count()}, {jax.device_count()} devices", flush=True)
     summaries = []
     for slug in slugs:
         cfg = configs[slug]

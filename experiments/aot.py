@@ -12,7 +12,8 @@ the chip's HBM::
     python -m experiments aot lm_1b --topology v5e:4x4 --remat none --no-scan-layers   # what scan and remat buy
 
 A target is `lm_1b` (the 1B-parameter decoder LM of issue 35: d_model 2048, 16 layers, 16/8 heads,
-d_ff 7168, vocabulary 32k, sequence 2048, bfloat16 compute, scanned and rematerialised blocks) or an
+d_ff 7168, vocabulary 32k, sequence 2048, bfloat16 compute, scanned and rematerialised blocks, flash
+attention in training) or an
 experiment whose registry entry defines ``train_step`` (its preset's model, optimizer and batch as a
 `TrainStep`). Measured results: ``results/aot/train_steps.json`` (``--json``).
 """
@@ -109,7 +110,8 @@ def compile_train_step(step: TrainStep, *, topology: str, mesh: training.MeshCon
     row: dict[str, Any] = {"topology": topology, "chips": len(devices), "mesh": list(device_mesh.shape.values()),
                            "params": step.model.num_params(), "batch_size": step.batch_size, "seq_len": step.seq_len,
                            "scan_layers": step.model.scan_layers, "remat": step.model.remat,
-                           "prefill": step.model.attention.prefill}
+                           # "auto" is the flash kernel when compiling for TPU
+                           "prefill": "dense" if step.model.attention.prefill == "dense" else "flash"}
     cache_on = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)  # a TPU executable cannot be loaded back here
     try:

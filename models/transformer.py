@@ -66,6 +66,7 @@ from flax import nnx
 
 from models.kv_cache import KVCache, default_kv_layout, init_cache, token_major, write_tokens
 from pallas_kernels import decode_attention as decode_kernel
+from pallas_kernels import _backend as kernel_backend
 from pallas_kernels import ffd_decode as ffd_kernel
 from pallas_kernels import flash_attention as flash_kernel
 from pallas_kernels import grouped_matmul as gmm_kernel
@@ -115,7 +116,7 @@ REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 REMAT = ("none", *REMAT_POLICIES)
-PREFILL_ATTENTION = ("dense", "flash")
+PREFILL_ATTENTION = ("auto", "dense", "flash")
 
 
 # Fields that are sizes (TypeError unless int; head_dim may be None) and float hyper-parameters (ValueError
@@ -177,10 +178,13 @@ class AttentionConfig:
         settings in `ffd`: the cache is paged and its keys quantized on the fly each step, so this
         is the method's semantics, not its speed).
       prefill: how attention over whole sequences without a KV cache (training, scoring) runs:
-        "dense" (the reference, materialises the [b, h, t, t] scores) or "flash"
-        (`pallas_kernels.flash_attention`: memory linear in t, on the backend's kernel path). Flash
-        masks causally by token index, so it needs the default positions and no segment_ids or
-        attention_bias (ValueError otherwise). Not shown in the repr at its default.
+        "dense" (the reference, materialises the [b, h, t, t] scores), "flash"
+        (`pallas_kernels.flash_attention`, Pallas forward and backward: memory linear in t) or
+        "auto" (the default: flash when compiling for TPU, where the kernel is compile-checked at
+        production shapes, and the call is one flash can mask; dense otherwise, so CPU results do not
+        change; GPU stays dense until the Triton kernel is measured on a GPU). Flash masks causally
+        by token index: "flash" with explicit positions, segment_ids or an attention_bias raises
+        ValueError. Not shown in the repr at its default.
       kv_layout: axis order of the KV cache `init_cache` creates: "bskd" ([b, S, k, d]) or "bksd"
         ([b, k, S, d]); None = `models.kv_cache.default_kv_layout()`, the order measured fastest on
         the default backend ("bksd" on CPU). Every path reads the cache in the order it was
@@ -191,7 +195,7 @@ class AttentionConfig:
     decode: str = "dense"
     kv_layout: str | None = None
     ffd: FFDConfig = FFDConfig()
-    prefill: str = dataclasses.field(default="dense", repr=False)
+    prefill: str = dataclasses.field(default="auto", repr=False)
 
     __repr__ = _repr_hiding_defaults
 
@@ -509,24 +513,23 @@ class Attention(nnx.Module):
         score_rows: tuple[int, ...] | None = None,
         sparse_decode: tuple[Callable, jax.Array, int] | None = None,
         bias_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+        default_positions: bool = False,
     ) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array] | None, dict[str, jax.Array]]:
         """Returns (output [b, t, D], head outputs [b, t, h, d], updated (k, v) cache or None, extras).
 
         `extras` holds `scores` [b, h, R, S] and `lse` [b, h, t] when `score_rows` is given (with a
         cache); `sparse_decode` is (select bound to this layer, recent_start, max_recent);
         `kv_layout` is the axis order of `layer_cache` (read as stored, never transposed);
-        `bias_fn(q [b, t, h, d], k [b, s, k, d]) -> [b, h, t, s]` adds attention logits (dense paths).
+        `bias_fn(q [b, t, h, d], k [b, s, k, d]) -> [b, h, t, s]` adds attention logits (dense paths);
+        `default_positions` says `positions` are 0..t-1 (the flash prefill masks by token index).
         """
         wq, wk, wv, wo = (w[...].astype(self.dtype) for w in (self.wq, self.wk, self.wv, self.wo))
         q = attn_lib.rope(jnp.einsum("btD,Dhd->bthd", x, wq), positions, base=self.rope_base)
         k = attn_lib.rope(jnp.einsum("btD,Dkd->btkd", x, wk), positions, base=self.rope_base)
         v = jnp.einsum("btD,Dkd->btkd", x, wv)
         new_cache, extras = None, {}
-        if layer_cache is None and self.prefill_mode == "flash":
-            if segment_ids is not None or bias_fn is not None:
-                raise ValueError("attention.prefill='flash' masks causally by token index: it takes no segment_ids "
-                                 "or attention_bias; use attention.prefill='dense'")
-            heads = flash_kernel.flash_attention(q, k, v, causal=True)
+        if layer_cache is None and self._flash_prefill(segment_ids, bias_fn, default_positions):
+            heads = _flash_prefill(q, k, v)
         elif layer_cache is None:
             heads = attn_lib.attention(
                 q, k, v, causal=True, q_positions=positions, kv_positions=positions,
@@ -562,6 +565,16 @@ class Attention(nnx.Module):
         if head_delta is not None:
             heads = heads + _per_head_vector(head_delta).astype(heads.dtype)
         return jnp.einsum("bthd,hdD->btD", heads, wo), heads, new_cache, extras
+
+    def _flash_prefill(self, segment_ids, bias_fn, default_positions: bool) -> bool:
+        """Whether a no-cache pass runs `flash_attention` (see `AttentionConfig.prefill`)."""
+        maskable = segment_ids is None and bias_fn is None and default_positions
+        if self.prefill_mode == "flash" and not maskable:
+            raise ValueError("attention.prefill='flash' masks causally by token index: it needs the default positions "
+                             "0..t-1 and no segment_ids or attention_bias; use attention.prefill='dense' or 'auto'")
+        if self.prefill_mode == "auto":
+            return maskable and kernel_backend.target_backend() == "tpu"
+        return self.prefill_mode == "flash"
 
     def _decode_step(self, q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array,
                      kv_layout: str) -> jax.Array:
@@ -771,9 +784,6 @@ class Transformer(nnx.Module):
                 raise ValueError(f"input_embeddings must be [b, t, D]=({b}, {t}, {c.d_model}); "
                                  f"got shape {tuple(input_embeddings.shape)}")
             x = input_embeddings.astype(c.compute_dtype)
-        if c.attention.prefill == "flash" and cache is None and explicit_positions:
-            raise ValueError("attention.prefill='flash' masks causally by token index, so positions must be the "
-                             "default 0..t-1 (pass none); use attention.prefill='dense' for custom positions")
         aux_loss = jnp.zeros((), jnp.float32)
         if c.scan_layers:
             unsupported = {"cache": cache, "head_mask": head_mask, "head_deltas": head_deltas,
@@ -784,7 +794,7 @@ class Transformer(nnx.Module):
             if given:
                 raise ValueError(f"a scan_layers model takes no {', '.join(given)} (a training and scoring layout); "
                                  "build the model with scan_layers=False for these")
-            x, aux_loss = self._scan_blocks(shard_batch(x), positions, segment_ids, aux_loss)
+            x, aux_loss = self._scan_blocks(shard_batch(x), positions, segment_ids, not explicit_positions, aux_loss)
             return self._logits(x, logits_at, None, aux_loss, None)
         residuals, head_outputs, ffn_aux = [x], [], []
         new_keys, new_values, attn_scores, attn_lse = [], [], [], []
@@ -805,6 +815,7 @@ class Transformer(nnx.Module):
                 score_rows=score_rows,
                 sparse_decode=sparse,
                 bias_fn=None if attention_bias is None else functools.partial(attention_bias, l),
+                default_positions=not explicit_positions,
             )
             if score_rows is not None:
                 attn_scores.append(extras["scores"])
@@ -837,12 +848,12 @@ class Transformer(nnx.Module):
                                  attn_lse=jnp.stack(attn_lse))
         return self._logits(x, logits_at, new_cache, aux_loss, intermediates)
 
-    def _scan_blocks(self, x, positions, segment_ids, aux_loss):
+    def _scan_blocks(self, x, positions, segment_ids, default_positions, aux_loss):
         """The L stacked blocks of a `scan_layers` model over x [b, t, D]: (x, summed auxiliary loss)."""
 
         def block_step(carry, block):
             x, aux_loss = carry
-            x, _, _, aux, _ = block(x, positions, segment_ids=segment_ids)
+            x, _, _, aux, _ = block(x, positions, segment_ids=segment_ids, default_positions=default_positions)
             return shard_batch(x), aux_loss + aux.get("loss", 0.0)
 
         step = _rematted(block_step, self.config.remat)
@@ -890,6 +901,25 @@ def shard_batch(x: jax.Array) -> jax.Array:
     if x.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]):
         return x
     return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(("data", "fsdp")))
+
+
+def _flash_prefill(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal `flash_attention` of q [b, t, h, d] over k, v [b, t, k, d]; inside a mesh context, one call per
+    shard (`jax.shard_map`: a Pallas TPU kernel cannot be partitioned automatically): the batch split over
+    ("data", "fsdp") and the heads over "tensor" where they divide (GQA groups stay whole: h and k both split)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return flash_kernel.flash_attention(q, k, v, causal=True)
+    names = set(mesh.axis_names)
+    batch = ("data", "fsdp") if {"data", "fsdp"} <= names else None
+    if batch and q.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]):
+        batch = None
+    tensor = mesh.shape.get("tensor", 1)
+    heads = "tensor" if "tensor" in names and q.shape[2] % tensor == 0 and k.shape[2] % tensor == 0 else None
+    spec = jax.sharding.PartitionSpec(batch, None, heads, None)
+    sharded = jax.shard_map(lambda q, k, v: flash_kernel.flash_attention(q, k, v, causal=True), mesh=mesh,
+                            in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
+    return sharded(q, k, v)
 
 
 def _rematted(fn, remat: str):

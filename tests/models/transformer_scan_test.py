@@ -82,15 +82,28 @@ def test_scan_layers_refuses_the_per_layer_hooks_and_the_cache():
 
 
 def test_flash_prefill_equals_dense_and_refuses_what_it_cannot_mask():
-    reference = Transformer(BASE, rngs=nnx.Rngs(0))
+    reference = Transformer(dataclasses.replace(BASE, attention=AttentionConfig(prefill="dense")), rngs=nnx.Rngs(0))
     flash = _same_weights(reference, dataclasses.replace(BASE, attention=AttentionConfig(prefill="flash")))
     np.testing.assert_allclose(flash(TOKENS).logits, reference(TOKENS).logits, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="positions must be the default"):
+    with pytest.raises(ValueError, match="needs the default positions"):
         flash(TOKENS, positions=jnp.broadcast_to(jnp.arange(7), (2, 7)))
-    with pytest.raises(ValueError, match="no segment_ids"):
+    with pytest.raises(ValueError, match="no segment_ids or attention_bias"):
         flash(TOKENS, segment_ids=jnp.zeros((2, 7), jnp.int32))
 
 
+def test_auto_prefill_is_flash_only_when_compiling_for_tpu():
+    """The default ("auto") traces the TPU flash kernel under `compiling_for("tpu")`, and dense attention on
+    CPU or when the call has positions/segments flash cannot mask."""
+    from pallas_kernels import _backend
+
+    model = Transformer(BASE, rngs=nnx.Rngs(0))
+    tokens = jnp.zeros((1, 11), jnp.int32)  # a shape no other test traces (kernel wrappers cache traces by shape)
+    graphdef, state = nnx.split(model)
+    trace = lambda **kw: str(jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(tokens, **kw).logits)(state))  # noqa: E731
+    assert "pallas_call" not in trace()
+    with _backend.compiling_for("tpu"):
+        assert "pallas_call" in trace()
+        assert "pallas_call" not in trace(positions=jnp.arange(11)[None])
 def test_new_fields_are_validated_and_hidden_from_the_repr_at_their_defaults():
     assert "scan_layers" not in repr(BASE) and "prefill" not in repr(BASE)
     changed = dataclasses.replace(BASE, remat="full", attention=AttentionConfig(prefill="flash"))
@@ -118,3 +131,21 @@ def test_abstract_train_state_matches_the_materialised_one():
         assert a.sharding == r.sharding == s
     _, unsharded, none = training.init_train_state(build, optimizer, abstract=True)
     assert none is None and all(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(unsharded))
+
+
+def test_flash_prefill_in_a_sharded_train_step_equals_dense():
+    """Inside `make_train_step`'s mesh the flash prefill runs per shard (`jax.shard_map`); one step of a
+    2x2x2-sharded scanned model gives dense attention's loss and gradient norm."""
+    mesh = training.make_mesh(training.MeshConfig(data=2, fsdp=2, tensor=2))
+    optimizer = training.make_optimizer(training.OptimizerConfig())
+    tokens = np.random.default_rng(0).integers(0, 13, (8, 9)).astype(np.int32)
+    batch = jax.device_put({"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "loss_mask": np.ones((8, 8), np.float32)},
+                           training.batch_sharding(mesh))
+    metrics = {}
+    for mode in ("dense", "flash"):
+        cfg = dataclasses.replace(BASE, d_model=32, scan_layers=True, attention=AttentionConfig(prefill=mode))
+        graphdef, state, shardings = training.init_train_state(lambda r: Transformer(cfg, rngs=r), optimizer, mesh=mesh)
+        step = training.make_train_step(graphdef, optimizer, shardings=shardings, mesh=mesh)
+        metrics[mode] = step(state, batch)[1]
+    np.testing.assert_allclose(metrics["flash"]["loss"], metrics["dense"]["loss"], rtol=1e-6)
+    np.testing.assert_allclose(metrics["flash"]["grad_norm"], metrics["dense"]["grad_norm"], rtol=1e-5)
