@@ -132,6 +132,12 @@ def headline(metrics: Mapping[str, Any]) -> str:
             f"tokens/s, MFU {metrics['mfu']:.1%}")
 
 
+def _host_rows(batch: dict) -> dict:
+    """This host's rows of the global batch (all of it on one host; see `training.process_rows`)."""
+    rows = training.process_rows(len(batch["inputs"]))
+    return {k: v[rows] for k, v in batch.items()}
+
+
 def _optimizer(c: Config) -> training.OptimizerConfig:
     t = c.train
     return training.OptimizerConfig(learning_rate=t.learning_rate, warmup_steps=min(t.warmup_steps, t.num_steps),
@@ -156,7 +162,8 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     result = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
         optimizer_config=opt,
-        batch_fn=lambda position: task.train_batch(position, batch_size=c.train.batch_size, seq_len=seq_len),
+        batch_fn=lambda position: _host_rows(task.train_batch(position, batch_size=c.train.batch_size,
+                                                              seq_len=seq_len)),
         num_steps=c.train.num_steps,
         workdir=workdir,
         mesh_config=training.MeshConfig(data=-1) if c.train.data_parallel else None,
