@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.transformer import _ACTIVATIONS, TransformerConfig, _param, register_ffn
+from models.transformer import _ACTIVATIONS, TransformerConfig, _param, batch_axes_in_context, register_ffn
 from pallas_kernels import grouped_matmul as gmm_lib
 from primitives import routing
 
@@ -109,15 +109,26 @@ class MoEFFN(nnx.Module):
             logits = routing.router_logits(x, self.w_router[...]) + router_bias[:, None, :].astype(jnp.float32)
         r = routing.top_k_gating(logits, k, renormalize=self.renormalize)
 
-        xf = x.reshape(b * t, D)
-        dispatch = routing.dispatch_metadata(r.indices.reshape(b * t, k), E)
-        gs = dispatch.group_sizes
-        xs = routing.sort_by_expert(xf, dispatch)  # [n, D]
-        gmm = lambda lhs, w: gmm_lib.grouped_matmul(lhs, w[...].astype(self.dtype), gs,
-                                                    implementation=self.implementation)
-        hidden = act(gmm(xs, self.w_gate)) * gmm(xs, self.w_up)
-        ys = gmm(hidden, self.w_down)  # [n, D]
-        y = routing.combine(ys, r.gates.reshape(b * t, k), dispatch).reshape(b, t, D)
+        def experts(x, indices, gates, w_gate, w_up, w_down):  # x [b, t, D] -> the routed experts' sum
+            bl = x.shape[0]
+            dispatch = routing.dispatch_metadata(indices.reshape(bl * t, k), E)
+            xs = routing.sort_by_expert(x.reshape(bl * t, D), dispatch)  # [n, D]
+            gmm = lambda lhs, w: gmm_lib.grouped_matmul(lhs, w, dispatch.group_sizes,  # noqa: E731
+                                                        implementation=self.implementation)
+            ys = gmm(act(gmm(xs, w_gate)) * gmm(xs, w_up), w_down)  # [n, D]
+            return routing.combine(ys, gates.reshape(bl * t, k), dispatch).reshape(bl, t, D)
+
+        weights = tuple(w[...].astype(self.dtype) for w in (self.w_gate, self.w_up, self.w_down))
+        batch = batch_axes_in_context(b)
+        if batch is not None:
+            # Inside a training mesh each batch shard dispatches its own tokens to every expert (the expert
+            # weights gathered per layer, as FSDP does): a Pallas TPU kernel cannot be partitioned
+            # automatically, so the grouped matmuls run per shard.
+            spec, whole = jax.sharding.PartitionSpec(batch), jax.sharding.PartitionSpec()
+            experts = jax.shard_map(experts, mesh=jax.sharding.get_abstract_mesh(),
+                                    in_specs=(spec, spec, spec, whole, whole, whole), out_specs=spec,
+                                    check_vma=False)
+        y = experts(x, r.indices, r.gates, *weights)
         if self.num_shared:
             sg, su, sd = (w[...].astype(self.dtype) for w in (self.shared_gate, self.shared_up, self.shared_down))
             y = y + (act(x @ sg) * (x @ su)) @ sd

@@ -887,6 +887,14 @@ class Transformer(nnx.Module):
                 raise ValueError(f"{name} must have one of the shapes {shapes}; got {tuple(value.shape)}")
 
 
+def batch_axes_in_context(batch_size: int) -> tuple[str, str] | None:
+    """("data", "fsdp") when a mesh context with both axes is set and `batch_size` splits over them, else None."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not {"data", "fsdp"} <= set(mesh.axis_names):
+        return None
+    return None if batch_size % (mesh.shape["data"] * mesh.shape["fsdp"]) else ("data", "fsdp")
+
+
 def shard_batch(x: jax.Array) -> jax.Array:
     """x [b, ...] constrained to batch-sharded over the ("data", "fsdp") axes of the mesh in context.
 
@@ -895,12 +903,8 @@ def shard_batch(x: jax.Array) -> jax.Array:
     context (`jax.set_mesh`, which `algorithms.training.make_train_step` enters) or when the batch does not
     divide over those axes.
     """
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not {"data", "fsdp"} <= set(mesh.axis_names):
-        return x
-    if x.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]):
-        return x
-    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(("data", "fsdp")))
+    batch = batch_axes_in_context(x.shape[0])
+    return x if batch is None else jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(batch))
 
 
 def _flash_prefill(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
@@ -910,12 +914,9 @@ def _flash_prefill(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return flash_kernel.flash_attention(q, k, v, causal=True)
-    names = set(mesh.axis_names)
-    batch = ("data", "fsdp") if {"data", "fsdp"} <= names else None
-    if batch and q.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]):
-        batch = None
+    batch = batch_axes_in_context(q.shape[0])
     tensor = mesh.shape.get("tensor", 1)
-    heads = "tensor" if "tensor" in names and q.shape[2] % tensor == 0 and k.shape[2] % tensor == 0 else None
+    heads = "tensor" if "tensor" in mesh.axis_names and q.shape[2] % tensor == 0 and k.shape[2] % tensor == 0 else None
     spec = jax.sharding.PartitionSpec(batch, None, heads, None)
     sharded = jax.shard_map(lambda q, k, v: flash_kernel.flash_attention(q, k, v, causal=True), mesh=mesh,
                             in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)

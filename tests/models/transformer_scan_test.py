@@ -133,19 +133,19 @@ def test_abstract_train_state_matches_the_materialised_one():
     assert none is None and all(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(unsharded))
 
 
-def test_flash_prefill_in_a_sharded_train_step_equals_dense():
-    """Inside `make_train_step`'s mesh the flash prefill runs per shard (`jax.shard_map`); one step of a
-    2x2x2-sharded scanned model gives dense attention's loss and gradient norm."""
-    mesh = training.make_mesh(training.MeshConfig(data=2, fsdp=2, tensor=2))
+def test_per_shard_kernels_in_a_sharded_train_step_equal_one_device():
+    """Inside `make_train_step`'s mesh the flash prefill and the MoE experts' grouped matmuls run per batch
+    shard (`jax.shard_map`: Pallas TPU kernels cannot be partitioned automatically); one step of a 2x2x2
+    sharded scanned model gives the unsharded step's loss and gradient norm."""
     optimizer = training.make_optimizer(training.OptimizerConfig())
+    cfg = dataclasses.replace(BASE, scan_layers=True, attention=AttentionConfig(prefill="flash"), ffn_type="moe",
+                              moe=MoEConfig(num_experts=4, experts_per_token=2))
     tokens = np.random.default_rng(0).integers(0, 13, (8, 9)).astype(np.int32)
-    batch = jax.device_put({"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "loss_mask": np.ones((8, 8), np.float32)},
-                           training.batch_sharding(mesh))
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "loss_mask": np.ones((8, 8), np.float32)}
     metrics = {}
-    for mode in ("dense", "flash"):
-        cfg = dataclasses.replace(BASE, d_model=32, scan_layers=True, attention=AttentionConfig(prefill=mode))
+    for name, mesh in (("one", None), ("sharded", training.make_mesh(training.MeshConfig(data=2, fsdp=2, tensor=2)))):
         graphdef, state, shardings = training.init_train_state(lambda r: Transformer(cfg, rngs=r), optimizer, mesh=mesh)
         step = training.make_train_step(graphdef, optimizer, shardings=shardings, mesh=mesh)
-        metrics[mode] = step(state, batch)[1]
-    np.testing.assert_allclose(metrics["flash"]["loss"], metrics["dense"]["loss"], rtol=1e-6)
-    np.testing.assert_allclose(metrics["flash"]["grad_norm"], metrics["dense"]["grad_norm"], rtol=1e-5)
+        metrics[name] = step(state, batch if mesh is None else jax.device_put(batch, training.batch_sharding(mesh)))[1]
+    np.testing.assert_allclose(metrics["sharded"]["loss"], metrics["one"]["loss"], rtol=1e-5)
+    np.testing.assert_allclose(metrics["sharded"]["grad_norm"], metrics["one"]["grad_norm"], rtol=1e-5)
