@@ -39,7 +39,7 @@ class Cost:
 Tile = Union[jax.Array, Sequence[jax.Array]]
 
 
-def online_softmax_step(q: Tile, k: Tile, v: Tile, valid, m, l, acc: Tile):
+def online_softmax_step(q: Tile, k: Tile, v: Tile, valid, m, l, acc: Tile, *, tokens_last: bool = False):
     """One tile of the online softmax (the per-tile math every attention kernel shares).
 
     Args:
@@ -51,6 +51,8 @@ def online_softmax_step(q: Tile, k: Tile, v: Tile, valid, m, l, acc: Tile):
         matching sequence [g, dv_j] and each is updated with its own sub-slice).
       valid: [g, bk] bool, which keys each row may see.
       m, l: [g, 1] running max and normalizer; acc: [g, dv] running output (or its sub-slices).
+      tokens_last: `k` and `v` (or their sub-slices) come as [d, bk] and [dv, bk], tokens on the last
+        axis (a cache read lane-dense by token); the same math with the contractions on that axis.
 
     Returns:
       Updated (m, l, acc), with `acc` in the form it came in.
@@ -59,7 +61,11 @@ def online_softmax_step(q: Tile, k: Tile, v: Tile, valid, m, l, acc: Tile):
     qs, ks = (q, k) if split_k else ((q,), (k,))
     s = None
     for qi, ki in zip(qs, ks):
-        part = jnp.dot(qi, ki.astype(jnp.float32).T, preferred_element_type=jnp.float32)
+        if tokens_last:
+            part = jax.lax.dot_general(qi, ki.astype(jnp.float32), (((1,), (0,)), ((), ())),
+                                       preferred_element_type=jnp.float32)
+        else:
+            part = jnp.dot(qi, ki.astype(jnp.float32).T, preferred_element_type=jnp.float32)
         s = part if s is None else s + part
     s = jnp.where(valid, s, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
@@ -68,6 +74,9 @@ def online_softmax_step(q: Tile, k: Tile, v: Tile, valid, m, l, acc: Tile):
     l_new = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
 
     def update(a, vj):
+        if tokens_last:
+            return alpha * a + jax.lax.dot_general(p, vj.astype(jnp.float32), (((1,), (1,)), ((), ())),
+                                                   preferred_element_type=jnp.float32)
         return alpha * a + jnp.dot(p, vj.astype(jnp.float32), preferred_element_type=jnp.float32)
 
     if isinstance(acc, (tuple, list)):

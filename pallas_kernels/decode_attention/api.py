@@ -17,6 +17,12 @@ Residuals: with `return_residuals=True` the call also returns the float32
 logsumexp [b, h]. With `normalize_output=False` it returns the unnormalized
 output and `(m, l)` instead (out_normalized = out / l, lse = m + log l), for
 callers that merge further partials themselves.
+
+Compiles for TPU (libtpu 0.0.42.1, batch 8, 32/8 heads, d 128, bf16) up to 256k tokens on v5e and 512k
+on v6e (the largest tried); beyond, on v5e the cache alone (K and V: 16.0 GiB at 512k) exceeds the
+chip's 16 GiB of HBM (not compiled). (Token-major cache, default tiling `config.decode_default`; with
+the 16 splits it had before, 64k failed on v5e and 128k on v6e: Mosaic's scoped VMEM, 32M > 16M and
+64M > 32M.)
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels import _backend
 from pallas_kernels._common import Cost
-from pallas_kernels.decode_attention.config import DecodeBlockSizes
+from pallas_kernels.decode_attention.config import DecodeBlockSizes, decode_default
 from pallas_kernels.decode_attention.cost import decode_cost
 from pallas_kernels.decode_attention.kernel import TileLoader, dense_tile_loader, split_k_decode_kernel
 from primitives import attention as attn_ref
@@ -93,7 +99,8 @@ def decode_attention(
         outside [0, s] raise ValueError before the jitted body runs; inside an outer `jit` they
         are traced and not checked (a length above s then reads as the whole cache).
       scale: logit scale (default 1/sqrt(d)).
-      block_sizes: tiling; default `DecodeBlockSizes.default(...)`.
+      block_sizes: tiling; default `config.decode_default(...)` (`DecodeBlockSizes.default`, with more
+        splits on TPU so that each program's K and V blocks fit in scoped VMEM).
       return_residuals: also return lse [b, h] (or (m, l) when not normalized).
       normalize_output: divide by the softmax normalizer (see module docstring).
       implementation: None | "xla" | "pallas" | "pallas_tpu" | "pallas_triton".
@@ -119,6 +126,8 @@ def decode_attention(
 
     cost = decode_cost(batch=b, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d,
                        kv_itemsize=k.dtype.itemsize, q_itemsize=q.dtype.itemsize)
+    block_sizes = block_sizes or decode_default(seq_len=s, batch=b, kv_heads=kh, head_dim=d,
+                                                itemsize=k.dtype.itemsize, kv_layout=kv_layout, implementation=impl)
     return split_k_decode(q, lengths, (k, v), tile_loader=dense_tile_loader(head_dim=d, kv_layout=kv_layout),
                           kv_layout=kv_layout, block_sizes=block_sizes, implementation=impl, scale=scale,
                           interpret=interpret, cost=cost, name="decode_attention",
@@ -147,8 +156,11 @@ def split_k_decode(
       q: [b, h, d] queries.
       lengths: [b] int32 valid entries per sequence.
       cache: the arrays the kernel reads the cache from, each [b, s, k, x] ([b, k, s, x] for
-        kv_layout="bksd"), split along s and read whole along k and x (dense: k and v with x = d;
-        quantized: codes, scales (and zero points) of K then V). Passed to `tile_loader` in order.
+        kv_layout="bksd"; [b, k, x, s] for "bkxs", or [b, k, s] there when x = 1), split along s and
+        read whole along k and x (dense: k and v with x = d; quantized: codes, scales (and zero
+        points) of K then V). Passed to `tile_loader` in order.
+      kv_layout: "bskd", "bksd" or "bkxs" (tokens last, lane-dense on TPU for narrow x; internal: needs
+        a transposed `tile_loader`, and block_k a multiple of 128 on TPU, where tokens lie on lanes).
       tile_loader: how the kernel turns a tile of those refs into K and V (`kernel.TileLoader`).
       block_sizes: tiling (default `DecodeBlockSizes.default(...)`); implementation: a resolved
         Pallas implementation ("pallas_tpu" or "pallas_triton").
@@ -159,18 +171,27 @@ def split_k_decode(
       As `decode_attention` for the Pallas implementations.
     """
     b, h, d = q.shape
-    token_axis = attn_ref.kv_token_axis(kv_layout)
-    s, kh = attn_ref.kv_tokens_heads(cache[0].shape, kv_layout)
+    if kv_layout == "bkxs":
+        token_axis, s, kh = -1, cache[0].shape[-1], cache[0].shape[1]
+    else:
+        token_axis = attn_ref.kv_token_axis(kv_layout)
+        s, kh = attn_ref.kv_tokens_heads(cache[0].shape, kv_layout)
+    if tile_loader.transposed != (kv_layout == "bkxs"):
+        raise ValueError(f"kv_layout='bkxs' goes with a transposed tile loader and only it; got "
+                         f"kv_layout={kv_layout!r}, transposed={tile_loader.transposed}")
     impl = implementation
     bs = block_sizes or DecodeBlockSizes.default(seq_len=s, batch=b, implementation=impl)
     bs.validate(impl)
+    if kv_layout == "bkxs" and impl == "pallas_tpu" and bs.block_k % 128:
+        raise ValueError(f"TPU needs block_k a multiple of 128 when the cache's tokens lie on lanes "
+                         f"(kv_layout='bkxs'); got block_k={bs.block_k}")
     g = h // kh
     gp = _backend.padded_rows(g, impl)  # Triton's dot needs >= 16 rows; TPU prefers sublane multiples of 8
     qg = _backend.pad_axis(q.reshape(b, kh, g, d), 2, gp)
     chunk = bs.block_k * bs.num_splits
     sp = max(1, -(-s // chunk)) * chunk  # whole splits; an empty cache (s = 0) still gets one, fully masked
     # Padded keys lie past every length.
-    cache = [_backend.pad_axis(a, token_axis, sp) for a in cache]
+    cache = [_backend.pad_axis(a, token_axis % a.ndim, sp) for a in cache]
     split_len = sp // bs.num_splits
 
     if impl == "pallas_tpu":
@@ -179,6 +200,9 @@ def split_k_decode(
         len_spec = pl.BlockSpec((b,), lambda i, j: (0,))
     if kv_layout == "bskd":
         cache_specs = [pl.BlockSpec((None, split_len, kh, a.shape[-1]), lambda i, j: (i, j, 0, 0)) for a in cache]
+    elif kv_layout == "bkxs":  # a [b, k, s] array stands for [b, k, 1, s]
+        cache_specs = [pl.BlockSpec((None, kh, a.shape[2], split_len), lambda i, j: (i, 0, 0, j)) if a.ndim == 4
+                       else pl.BlockSpec((None, kh, split_len), lambda i, j: (i, 0, j)) for a in cache]
     else:
         cache_specs = [pl.BlockSpec((None, kh, split_len, a.shape[-1]), lambda i, j: (i, 0, j, 0)) for a in cache]
     kernel = functools.partial(split_k_decode_kernel, tile_loader=tile_loader, block_k=bs.block_k,

@@ -18,8 +18,8 @@ interpreter).
 Layouts inside the kernel:
   q_ref   [k, gp, d]        query heads grouped by KV head (gp = padded group)
   cache refs                this split of each cache array, all KV heads: [split, k, x]
-                            (token-major "bskd") or [k, split, x] (head-major "bksd");
-                            dense: k_ref, v_ref with x = d
+                            (token-major "bskd"), [k, split, x] (head-major "bksd") or
+                            [k, x, split] (tokens on lanes, "bkxs"); dense: k_ref, v_ref with x = d
   o_ref   [k, gp, d]  f32   unnormalized partial output
   m_ref, l_ref [k, gp, 1]   per-row statistics ([..., 1] keeps TPU block rules)
 
@@ -27,6 +27,9 @@ A loader may hand K and V over as channel sub-slices (widths `k_width`, `v_width
 channel order): the query is then sliced to match once per KV head, the logits are the sum of the
 sub-slice products and the output keeps one accumulator per V sub-slice, so no tile is ever
 concatenated or reshaped inside the kernel (which keeps the body lowerable on both backends).
+A *transposed* loader (`TileLoader.transposed`, for the "bkxs" layout) hands them over as [width,
+block_k] (tokens on lanes): the logits are then `q @ k_t` and the output update `p @ v_t^T`, the same
+math with the contractions on the other axis (`online_softmax_step(..., tokens_last=True)`).
 """
 
 from __future__ import annotations
@@ -53,11 +56,14 @@ class TileLoader:
         keys within the split) of KV head `h` (a static int), as tuples of channel sub-slices in
         channel order, [block_k, k_width] and [block_k, v_width] each (one element for a plain tile).
       k_width, v_width: channels per K / V sub-slice (the head dim for a plain tile).
+      transposed: the sub-slices come as [k_width, block_k] and [v_width, block_k] (tokens on the
+        last axis, read from a "bkxs" cache) instead.
     """
 
     load: Callable
     k_width: int
     v_width: int
+    transposed: bool = False
 
 
 def _load_dense(cache_refs, h, rows, *, kv_layout: str):
@@ -100,6 +106,10 @@ def split_k_decode_kernel(len_ref, q_ref, *refs, tile_loader: TileLoader, block_
             offset = pl.multiple_of(t * block_k, block_k)
             k_parts, v_parts = tile_loader.load(cache_refs, h, pl.ds(offset, block_k))
             key_pos = start + offset + jax.lax.broadcasted_iota(jnp.int32, (gp, block_k), 1)
+            if tile_loader.transposed:
+                col_pos = start + offset + jax.lax.broadcasted_iota(jnp.int32, (vw, block_k), 1)
+                v_parts = tuple(jnp.where(col_pos < length, vp.astype(jnp.float32), 0.0) for vp in v_parts)
+                return online_softmax_step(q, tuple(k_parts), v_parts, key_pos < length, m, l, acc, tokens_last=True)
             row_pos = start + offset + jax.lax.broadcasted_iota(jnp.int32, (block_k, vw), 0)
             v_parts = tuple(jnp.where(row_pos < length, vp.astype(jnp.float32), 0.0) for vp in v_parts)
             return online_softmax_step(q, tuple(k_parts), v_parts, key_pos < length, m, l, acc)

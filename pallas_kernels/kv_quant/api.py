@@ -20,6 +20,29 @@ scales (not a float copy), dequantizes each `block_k`-key tile right before its 
 cache into `num_splits` parts processed in parallel and merges them with
 `primitives.attention.combine_partials`. A sequence of length 0
 gives zeros (lse -inf). `return_residuals=True` also returns the float32 logsumexp [b, h].
+
+On TPU the kernel views each cache array as [b, k, x, s] ([b, k, s] when x = 1; tokens on lanes, the
+shell's "bkxs" layout): XLA:TPU stores a [b, s, k, x] array whose x is narrow (d/n code bytes, d/G scales) with the
+token axis minor, so that view is a bitcast, and the kernel's blocks are lane-dense. Read token-major
+instead, every array was first copied to a row-major layout that pads x to 128 lanes (2.5 GiB of HBM
+temporaries for the 216 MiB cache of `pallas_kernels.aot`'s `quantized_decode_32k`; none now, on v5e
+and v6e). The tokens on lanes make TPU's `block_k` a multiple of 128.
+
+Largest compiled shapes (`pallas_kernels.aot`'s formats: a [8, s, 8, 128] bfloat16 cache; K 4-bit
+groups of 64 with float32 scales, V 2-bit asymmetric groups of 128 with bfloat16 scales):
+  * `quantize` (the keys' format): Compiles for TPU (libtpu 0.0.42.1, batch 8, 32/8 heads, d 128, bf16)
+    up to 256k tokens on v5e and 512k on v6e (the largest tried); beyond, HBM on v5e: 30.25 GiB of
+    temporaries > 15.75 GiB (the kernel's [rows, d/n] codes and [rows, d/G] scales are row-major,
+    padded to 128 lanes, then relaid out: 2.5x the input in temporaries).
+  * `dequantize` (the values' format): Compiles for TPU (libtpu 0.0.42.1, batch 8, 32/8 heads, d 128,
+    bf16) up to 256k tokens on v5e and 512k on v6e (the largest tried); beyond, HBM on v5e: 29.12 GiB
+    of temporaries > 15.75 GiB (the same padded row-major relayout of the narrow inputs: 1.4 GiB for
+    the 72 MiB of a 32k cache).
+  * `quantized_decode_attention`: Compiles for TPU (libtpu 0.0.42.1, batch 8, 32/8 heads, d 128, bf16)
+    up to 512k tokens on v5e and 512k on v6e (the survey's largest; no HBM temporaries at all); beyond,
+    it still compiles at 2M tokens on v5e and 4M on v6e (13.5 and 27 GiB of packed cache, at most
+    384 MiB of temporaries: the split partials), and on v5e the 4M cache alone (27 GiB) exceeds the
+    chip's 16 GiB of HBM (not compiled).
 """
 
 from __future__ import annotations
@@ -281,8 +304,16 @@ def quantized_decode_attention(
                              k_scale_itemsize=k.scale.dtype.itemsize,
                              v_scale_itemsize=v.scale.dtype.itemsize, k_asymmetric=k.scheme == "asymmetric",
                              v_asymmetric=v.scheme == "asymmetric", q_itemsize=q.dtype.itemsize)
-    loader = quant_tile_loader(k_meta=(k.bits, k.group_size, k.scheme), v_meta=(v.bits, v.group_size, v.scheme))
     block_sizes = block_sizes or quant_decode_default(seq_len=s, batch=b, cache=cache, implementation=impl)
-    return split_k_decode(q, lengths, cache, tile_loader=loader, kv_layout="bskd", block_sizes=block_sizes,
-                          implementation=impl, scale=scale, interpret=interpret, cost=cost,
-                          name="quantized_decode_attention", return_residuals=return_residuals)
+    # TPU: tokens on lanes. The narrow last dims (d/n codes, d/G scales) would pad to 128 lanes in a
+    # row-major tile; TPU already stores such arrays with the token axis minor, so this transpose is a
+    # bitcast there, not a copy (a copy per array made ~2.5 GiB of temporaries for a 32k-token cache).
+    transposed = impl == "pallas_tpu"
+    if transposed:  # [b, s, k, x] -> [b, k, x, s]; [b, k, s] for x = 1 (XLA may store that unit dim anywhere)
+        cache = [jnp.transpose(a[..., 0], (0, 2, 1)) if a.shape[3] == 1 else jnp.transpose(a, (0, 2, 3, 1))
+                 for a in cache]
+    loader = quant_tile_loader(k_meta=(k.bits, k.group_size, k.scheme), v_meta=(v.bits, v.group_size, v.scheme),
+                               transposed=transposed)
+    return split_k_decode(q, lengths, cache, tile_loader=loader, kv_layout="bkxs" if transposed else "bskd",
+                          block_sizes=block_sizes, implementation=impl, scale=scale, interpret=interpret,
+                          cost=cost, name="quantized_decode_attention", return_residuals=return_residuals)

@@ -45,20 +45,25 @@ QuantDecodeBlockSizes = DecodeBlockSizes
 def tpu_block_bytes_per_key(arrays) -> int:
     """VMEM bytes one cached token takes in a program's blocks on TPU, summed over the cache arrays.
 
-    A block [split_len, kh, last] is laid out in tiles over its last two dims (`_backend.tpu_tile_bytes`):
-    the narrow last dims of packed codes, scales and zeros pad to 128 lanes, which makes a quantized cache
-    far larger in VMEM than in HBM. (Checked against Mosaic's scoped allocation for the production case in
-    `pallas_kernels.aot`.)
+    `arrays`: the cache arrays as stored, [b, s, kh, x] each (codes, scales, zero points). The TPU
+    kernel reads them transposed to [b, kh, x, s] (the "bkxs" layout: tokens on lanes), so a block
+    [kh, x, split_len] is lane-dense and only x pads, to a sublane tile (`_backend.tpu_tile_bytes`: 8 rows
+    of float32, 16 of bfloat16, 32 of uint8); an array with x = 1 is read as [kh, split_len] (kh pads). (The token-major blocks [split_len, kh, x] this replaced
+    padded x to 128 lanes and kh to a sublane tile: 20 KiB per token for the production case of
+    `pallas_kernels.aot`, which Mosaic's scoped allocation confirmed; 1088 bytes now.)
     """
-    return sum(tpu_tile_bytes(a.shape[-2], a.shape[-1], a.dtype.itemsize) for a in arrays)
+    return sum(tpu_tile_bytes(a.shape[2], 128, a.dtype.itemsize) // 128 if a.shape[3] == 1
+               else a.shape[2] * tpu_tile_bytes(a.shape[3], 128, a.dtype.itemsize) // 128 for a in arrays)
 
 
 def quant_decode_default(*, seq_len: int, batch: int, cache, implementation: str) -> DecodeBlockSizes:
-    """The dense shell's default tiling, with more splits on TPU until each split's cache blocks fit
-    `_backend.TPU_BLOCK_VMEM_BUDGET` (`_backend.splits_within_vmem`; the 40 MiB that 16 splits of a 32k-token cache took failed to compile)."""
+    """The dense shell's default tiling; on TPU `block_k` is 128 (tokens lie on lanes there) and the
+    splits are doubled until each split's cache blocks fit `_backend.TPU_BLOCK_VMEM_BUDGET`
+    (`_backend.splits_within_vmem`, with `tpu_block_bytes_per_key`)."""
     bs = DecodeBlockSizes.default(seq_len=seq_len, batch=batch, implementation=implementation)
     if implementation != "pallas_tpu":
         return bs
+    bs = dataclasses.replace(bs, block_k=128)
     tiles = max(1, -(-seq_len // bs.block_k))
-    splits = splits_within_vmem(seq_len, tpu_block_bytes_per_key(cache), bs.num_splits, tiles)
+    splits = splits_within_vmem(seq_len, tpu_block_bytes_per_key(cache), min(bs.num_splits, tiles), tiles)
     return dataclasses.replace(bs, num_splits=splits)

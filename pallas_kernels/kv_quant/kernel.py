@@ -130,26 +130,49 @@ def dequantize_kernel(c_ref, s_ref, *refs, bits: int, group_size: int, scheme: s
             o_ref[:, pl.ds(gg * group_size + i * sub, sub)] = xhat.astype(o_ref.dtype)
 
 
-def dequant_subslices(c_ref, s_ref, z_ref, rows, h: int, *, bits: int, group_size: int, scheme: str):
+def _head_rows(ref, h: int, rows):
+    """[x, bk] of KV head `h` from a [k, x, split] ref, or [1, bk] from a [k, split] ref (x = 1: all heads'
+    rows are read, then row `h` is taken in registers, which avoids a one-row load of packed 16-bit rows)."""
+    if ref.ndim == 2:
+        return ref[:, rows][h:h + 1]
+    return ref[h, :, rows]
+
+
+def dequant_subslices(c_ref, s_ref, z_ref, rows, h: int, *, bits: int, group_size: int, scheme: str,
+                      transposed: bool = False):
     """Dequantized float32 sub-slices [bk, G/n] of one tile of one KV head, in channel order.
 
     c_ref [split, k, d/n] uint8 codes, s_ref (z_ref) [split, k, d/G] scales (zero points); `rows` a
     `pl.ds` of the tile's keys. Sub-slice `gg n + i` holds channels `gg G + i G/n + [0, G/n)`.
+    transposed: the refs are [k, d/n, split] and [k, d/G, split] (tokens last, the "bkxs" layout; [k,
+    split] where that last dim is 1) and the sub-slices come as [G/n, bk]; the scales of the tile are read once as
+    [d/G, bk] (a cast to float32 first, as `qref.decode` does) and broadcast down the sub-slice's
+    channels.
     """
     n = 8 // bits
     sub = group_size // n
-    ng = c_ref.shape[-1] // sub
+    x = (c_ref.shape[1] if c_ref.ndim == 3 else 1) if transposed else c_ref.shape[-1]  # d/n code bytes
+    ng = x // sub
+    if transposed:
+        s_all = _head_rows(s_ref, h, rows).astype(jnp.float32)
+        z_all = None if z_ref is None else _head_rows(z_ref, h, rows).astype(jnp.float32)
     out = []
     for gg in range(ng):
-        byte = c_ref[rows, h, pl.ds(gg * sub, sub)].astype(jnp.int32)
-        s = s_ref[rows, h, pl.ds(gg, 1)]
-        z = None if z_ref is None else z_ref[rows, h, pl.ds(gg, 1)]
+        if transposed:
+            byte = (c_ref[h, pl.ds(gg * sub, sub), rows] if c_ref.ndim == 3 else _head_rows(c_ref, h, rows))
+            byte = byte.astype(jnp.int32)
+            s = s_all[gg:gg + 1]
+            z = None if z_all is None else z_all[gg:gg + 1]
+        else:
+            byte = c_ref[rows, h, pl.ds(gg * sub, sub)].astype(jnp.int32)
+            s = s_ref[rows, h, pl.ds(gg, 1)]
+            z = None if z_ref is None else z_ref[rows, h, pl.ds(gg, 1)]
         for i in range(n):
             out.append(qref.decode(unpack_plane(byte, i, bits), s, z, bits=bits, scheme=scheme))
     return tuple(out)
 
 
-def _load_quantized(cache_refs, h, rows, *, k_meta: tuple, v_meta: tuple):
+def _load_quantized(cache_refs, h, rows, *, k_meta: tuple, v_meta: tuple, transposed: bool):
     refs = list(cache_refs)
     kc_ref, ks_ref = refs.pop(0), refs.pop(0)
     kz_ref = refs.pop(0) if k_meta[2] == "asymmetric" else None
@@ -157,17 +180,22 @@ def _load_quantized(cache_refs, h, rows, *, k_meta: tuple, v_meta: tuple):
     vz_ref = refs.pop(0) if v_meta[2] == "asymmetric" else None
     k_bits, k_group, k_scheme = k_meta
     v_bits, v_group, v_scheme = v_meta
-    k_parts = dequant_subslices(kc_ref, ks_ref, kz_ref, rows, h, bits=k_bits, group_size=k_group, scheme=k_scheme)
-    v_parts = dequant_subslices(vc_ref, vs_ref, vz_ref, rows, h, bits=v_bits, group_size=v_group, scheme=v_scheme)
+    k_parts = dequant_subslices(kc_ref, ks_ref, kz_ref, rows, h, bits=k_bits, group_size=k_group, scheme=k_scheme,
+                                transposed=transposed)
+    v_parts = dequant_subslices(vc_ref, vs_ref, vz_ref, rows, h, bits=v_bits, group_size=v_group, scheme=v_scheme,
+                                transposed=transposed)
     return k_parts, v_parts
 
 
-def quant_tile_loader(*, k_meta: tuple, v_meta: tuple) -> TileLoader:
-    """The dequantizing tile loader of the split-K decode shell (token-major cache only).
+def quant_tile_loader(*, k_meta: tuple, v_meta: tuple, transposed: bool = False) -> TileLoader:
+    """The dequantizing tile loader of the split-K decode shell.
 
     Cache refs, in order: K codes, K scales, [K zero points], V codes, V scales, [V zero points], each
-    [split, k, x]. `k_meta` / `v_meta` = (bits, group_size, scheme). K and V come as sub-slices of
-    G/n channels (`dequant_subslices`).
+    [split, k, x] (token-major "bskd"), or [k, x, split] with `transposed` (the "bkxs" layout the TPU
+    path uses: tokens on lanes, so the narrow code, scale and zero-point rows are not padded to 128
+    lanes). `k_meta` / `v_meta` = (bits, group_size, scheme). K and V come as sub-slices of G/n
+    channels (`dequant_subslices`), [bk, G/n] or, transposed, [G/n, bk].
     """
-    return TileLoader(load=functools.partial(_load_quantized, k_meta=k_meta, v_meta=v_meta),
-                      k_width=k_meta[1] // (8 // k_meta[0]), v_width=v_meta[1] // (8 // v_meta[0]))
+    return TileLoader(load=functools.partial(_load_quantized, k_meta=k_meta, v_meta=v_meta, transposed=transposed),
+                      k_width=k_meta[1] // (8 // k_meta[0]), v_width=v_meta[1] // (8 // v_meta[0]),
+                      transposed=transposed)

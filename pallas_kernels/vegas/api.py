@@ -42,6 +42,18 @@ Pallas implementations ("pallas", "pallas_tpu", "pallas_triton"; see `kernel.py`
 
 On CPU `implementation=None` resolves to "xla" (the interpreter is slower than XLA); on TPU and GPU
 it resolves to the Pallas kernel of that backend (`pallas_kernels._backend.resolve_implementation`).
+
+Largest compiled shapes (`pallas_kernels.aot`'s cases, S the cache length):
+  * `verify_attention` (t = 5, rows (0, 4)): Compiles for TPU (libtpu 0.0.42.1, batch 8, 32/8 heads,
+    d 128, bf16) up to 128k tokens on v5e and 256k on v6e; beyond, HBM: 17.00 GiB of temporaries
+    > 15.75 GiB on v5e, 34.05 GiB > 31.25 GiB on v6e. The wrapper's [b, S, kh, d] -> [b, S, kh d]
+    reshape of K and V is a relayout copy on TPU (the (8, 128) tiles change planes): as large as the
+    cache (1 GiB at 32k), plus the [b, h, R, S] float32 scores. (With the 2 splits the default had
+    before `_verify_tpu_bytes_per_key`, 64k failed on both: Mosaic's scoped VMEM, 34M.)
+  * `sparse_decode_attention` (K = 2048 listed keys, max_recent 64): Compiles for TPU (libtpu 0.0.42.1,
+    batch 8, 32/8 heads, d 128, bf16) up to 256k tokens on v5e and 512k on v6e (the largest tried);
+    beyond, on v5e the cache alone (K and V: 16.0 GiB at 512k) exceeds the chip's 16 GiB of HBM (not
+    compiled). It reads only the K + max_recent gathered rows, so S costs HBM, not VMEM.
 """
 
 from __future__ import annotations
@@ -115,6 +127,17 @@ def _heads_per_program(kv_heads: int, d: int, implementation: str) -> int:
 def _check_head_dim(name: str, d: int, implementation: str) -> None:
     if implementation == "pallas_triton" and (not _backend.is_power_of_two(d) or d < 16):
         raise ValueError(f"{name}: Triton needs the head dim d to be a power of two >= 16; got d={d}")
+
+
+def _verify_tpu_bytes_per_key(q, k, rows, impl) -> int:
+    """VMEM one cache key takes in a verify program's blocks on TPU, double-buffered: its K and V columns
+    [hp * d] and its float32 score rows [hp, Rp]. (Batch 8, t 5, 32/8 heads, d 128, 2 score rows: 1088
+    bytes; Mosaic's scoped allocation for 32768 keys was 34.00M.)"""
+    b, t, h, d = q.shape
+    kh = k.shape[2]
+    hp = _heads_per_program(kh, d, impl)
+    srp = _backend.padded_rows(h // kh * len(rows), impl)
+    return 2 * (2 * hp * d * k.dtype.itemsize + hp * srp * 4)
 
 
 def _split_layout(keys: int, block_k: int, num_splits: int, implementation: str) -> tuple[int, int]:
@@ -248,7 +271,8 @@ def verify_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.
     if kv_layout == "bksd":
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
     bs = block_sizes or VerifyBlockSizes.default(seq_len=k.shape[1], batch=b, kv_heads=k.shape[2],
-                                                 implementation=impl)
+                                                 implementation=impl,
+                                                 tpu_bytes_per_key=_verify_tpu_bytes_per_key(q, k, rows, impl))
     if not isinstance(bs, VerifyBlockSizes):
         raise ValueError(f"verify_attention: block_sizes must be a VerifyBlockSizes; got {type(bs).__name__}")
     bs.validate(impl)

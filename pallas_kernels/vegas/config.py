@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pallas_kernels._backend import is_power_of_two
+from pallas_kernels._backend import is_power_of_two, splits_within_vmem
 
 __all__ = ["VerifyBlockSizes", "SparseDecodeBlockSizes"]
 
@@ -69,9 +69,15 @@ class VerifyBlockSizes:
         _validate_backend("VerifyBlockSizes", self.block_k, implementation)
 
     @classmethod
-    def default(cls, *, seq_len: int, batch: int, kv_heads: int, implementation: str) -> "VerifyBlockSizes":
-        """128-key tiles; splits so that batch * KV heads * splits ~ 128 programs, capped by the tiles."""
+    def default(cls, *, seq_len: int, batch: int, kv_heads: int, implementation: str,
+                tpu_bytes_per_key: int = 0) -> "VerifyBlockSizes":
+        """128-key tiles; splits so that batch * KV heads * splits ~ 128 programs, capped by the tiles; on
+        TPU, given the VMEM a program's blocks take per key (`tpu_bytes_per_key`), doubled further until a
+        split fits `_backend.TPU_BLOCK_VMEM_BUDGET` (`_backend.splits_within_vmem`)."""
         block_k, splits = _default_tiling(seq_len, batch * kv_heads, implementation)
+        if implementation == "pallas_tpu" and tpu_bytes_per_key:
+            tiles = max(1, -(-seq_len // block_k))
+            splits = splits_within_vmem(seq_len, tpu_bytes_per_key, splits, tiles)
         return cls(block_k=block_k, num_splits=splits)
 
 

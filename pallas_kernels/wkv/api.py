@@ -9,8 +9,12 @@ kernel (`kernel.py`); None or "auto" = the kernel on TPU/GPU, the XLA primitive 
 kernel go through `jax.custom_vjp` whose backward is the VJP of the XLA primitive (no backward kernel yet).
 
 TPU limit: a program keeps its [t, 8, 128] blocks of k, v, the output and the left-context normalizer in
-VMEM, double-buffered: 32 KiB per token (t = 1024 needs 32 MiB). Longer sequences raise and point to
-`implementation="xla"`.
+VMEM, double-buffered: 32 KiB per token for float32 k and v, 24 KiB for bfloat16 (t = 1024 needs 32 and
+24 MiB). Longer sequences raise and point to `implementation="xla"`.
+
+`bi_wkv` forward + backward (gradient in k; c = 768, batch 8, bfloat16 k and v, `pallas_kernels.aot`'s
+case): Compiles for TPU (libtpu 0.0.42.1) up to 2048 tokens on v5e and 2048 on v6e; beyond, the wrapper
+refuses (t = 4096 would need 96.02 MiB of VMEM, over its 96 MiB cap).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def _pallas_forward(w, u, k, v, *, bs, impl, interpret):
     tp = _backend.next_power_of_two(t) if impl == "pallas_triton" else t
     vmem = _tpu_vmem_bytes(tp, bs, k.dtype.itemsize)
     if impl == "pallas_tpu" and vmem > _TPU_VMEM_CAP:
-        raise ValueError(f"k has t={t} tokens: the TPU kernel would need {vmem / 2**20:.0f} MiB of VMEM (> "
+        raise ValueError(f"k has t={t} tokens: the TPU kernel would need {vmem / 2**20:.2f} MiB of VMEM (> "
                          f"{_TPU_VMEM_CAP // 2**20} MiB); use implementation='xla' for sequences this long")
 
     def seq_major(x):  # [..., t, c] -> [tp, g, rows, lanes], sequence index = batch row * c + channel

@@ -92,3 +92,23 @@ def test_cost_model_counts():
     c = decode_cost(batch=2, kv_len=1000, num_heads=8, num_kv_heads=2, head_dim=64, kv_itemsize=2)
     assert c.flops == 4 * 2 * 8 * 1000 * 64
     assert c.bytes_accessed == 2 * 2 * 1000 * 2 * 64 * 2 + 2 * 2 * 8 * 64 * 4
+
+
+def test_tpu_default_splits_keep_the_kv_blocks_within_scoped_vmem():
+    """Batch 8, 8 bfloat16 KV heads of 128 (`pallas_kernels.aot`'s decode case): token-major blocks pad
+    the 8 heads to 16 sublanes, 8 KiB per key for K and V (Mosaic allocated 32.00M for 4096 keys on v5e,
+    over its 16M limit), so 32k tokens take 32 splits (8 MiB each) and 256k take 256; head-major blocks
+    are dense (4 KiB per key). Other backends keep `DecodeBlockSizes.default`."""
+    from pallas_kernels.decode_attention import config
+
+    heads = dict(kv_heads=8, head_dim=128, itemsize=2)
+    assert config.tpu_dense_bytes_per_key(kv_layout="bskd", **heads) == 8192
+    assert config.tpu_dense_bytes_per_key(kv_layout="bksd", **heads) == 4096
+    for s, layout, splits in ((32768, "bskd", 32), (1 << 18, "bskd", 256), (32768, "bksd", 16)):
+        bs = config.decode_default(seq_len=s, batch=8, kv_layout=layout, implementation="pallas_tpu", **heads)
+        assert bs.num_splits == splits and bs.block_k == 128
+        assert s // bs.num_splits * config.tpu_dense_bytes_per_key(kv_layout=layout, **heads) <= \
+            _backend.TPU_BLOCK_VMEM_BUDGET
+    assert config.decode_default(seq_len=32768, batch=8, kv_layout="bskd", implementation="pallas_triton",
+                                 **heads) == DecodeBlockSizes.default(seq_len=32768, batch=8,
+                                                                      implementation="pallas_triton")

@@ -96,8 +96,12 @@ def _reference(q, kt, vt, lengths):
 DECODE_CASES = [
     ("pallas_triton", 4, 1, 64, 100, [100, 37, 0], (4, 64, "symmetric"), (2, 64, "asymmetric"),
      QuantDecodeBlockSizes(block_k=16, num_splits=3), jnp.float32),
-    ("pallas_tpu", 2, 2, 32, 70, [1, 70, 0], (8, 32, "midrise"), (4, 32, "asymmetric"),
-     QuantDecodeBlockSizes(block_k=8, num_splits=2), jnp.bfloat16),
+    ("pallas_tpu", 2, 2, 32, 300, [1, 300, 0], (8, 32, "midrise"), (4, 32, "asymmetric"),
+     QuantDecodeBlockSizes(block_k=128, num_splits=2), jnp.bfloat16),  # tokens on lanes: block_k of 128
+    ("pallas_tpu", 8, 2, 64, 200, [200, 129, 0], (4, 64, "symmetric"), (2, 64, "asymmetric"),
+     QuantDecodeBlockSizes(block_k=128, num_splits=1), jnp.float32),  # two scale rows per head, f32 scales
+    ("pallas_tpu", 2, 2, 4, 130, [130, 5, 0], (2, 4, "asymmetric"), (8, 4, "symmetric"),
+     QuantDecodeBlockSizes(block_k=128, num_splits=2), jnp.float32),  # one code byte per head: [b, k, s] codes
     ("pallas_triton", 6, 1, 64, 50, [0, 33, 5], (8, 64, "asymmetric"), (4, 64, "midrise"),
      QuantDecodeBlockSizes(block_k=32, num_splits=1), jnp.float32),
 ]
@@ -141,7 +145,7 @@ def test_empty_inputs_give_no_nan():
     _, kt, vt = _cache(2, 2, 0, 1, 32, (8, 32, "symmetric"), (8, 32, "symmetric"))
     out, lse = quantized_decode_attention(jnp.ones((2, 2, 32)), kt, vt, jnp.array([0, 3]), implementation="pallas_tpu",
                                           interpret=True, return_residuals=True,
-                                          block_sizes=QuantDecodeBlockSizes(block_k=8, num_splits=1))
+                                          block_sizes=QuantDecodeBlockSizes(block_k=128, num_splits=1))
     np.testing.assert_array_equal(out, 0.0)
     assert np.all(np.isneginf(np.asarray(lse)))
 
@@ -180,6 +184,9 @@ def test_bad_inputs_and_configs():
     with pytest.raises(ValueError, match="block_k a power of two"):
         quantized_decode_attention(q, kt, kt, lengths, implementation="pallas_triton", interpret=True,
                                    block_sizes=QuantDecodeBlockSizes(block_k=24, num_splits=1))
+    with pytest.raises(ValueError, match="TPU needs block_k a multiple of 128 when the cache's tokens lie on lanes"):
+        quantized_decode_attention(q, kt, kt, lengths, implementation="pallas_tpu", interpret=True,
+                                   block_sizes=QuantDecodeBlockSizes(block_k=64, num_splits=1))
     with pytest.raises(ValueError, match="pack_block == group_size"):
         dequantize(_ref_quantize(x, bits=4, group_size=32, pack_block=64), implementation="pallas_tpu", interpret=True)
     with pytest.raises(ValueError, match="implementation must be one of"):
@@ -207,10 +214,13 @@ def test_cost_model_counts():
 
 def test_tpu_default_splits_keep_the_cache_blocks_within_scoped_vmem():
     """The production case of `pallas_kernels.aot` (batch 8, 32k tokens, 8 KV heads of 128; keys 4-bit
-    symmetric, values 2-bit asymmetric with bfloat16 scales): Mosaic reported 40.00M of scoped VMEM for
-    the dense default's 16 splits (2048 keys each), which the padded-tile model gives exactly; the
-    quantized default splits further until a split fits the budget (it then compiles for v5e and v6e,
-    `tests/pallas_kernels/aot_compile_test.py`). Other backends keep the dense default."""
+    symmetric, values 2-bit asymmetric with bfloat16 scales). The TPU kernel reads the cache with tokens
+    on lanes ([kh, x, split] blocks; [kh, split] for x = 1), so only x (or kh) pads, to a sublane tile:
+    8 heads x (64 code bytes + 2 f32 scales padded to 8 rows + 32 code bytes) + 2 x (8 heads of one bf16
+    scale or zero point, padded to 16 rows) = 1088 bytes per key (the
+    token-major blocks it replaced took 20 KiB, which Mosaic confirmed: 40.00M for 2048 keys). The dense
+    default's 16 splits then fit the budget as they are, with block_k 128 (a lane tile). Other backends
+    keep the dense default."""
     from pallas_kernels.decode_attention import DecodeBlockSizes
     from pallas_kernels.kv_quant import config
 
@@ -219,12 +229,30 @@ def test_tpu_default_splits_keep_the_cache_blocks_within_scoped_vmem():
     vt = jax.eval_shape(lambda a: qz.quantize(a, bits=2, group_size=128, scheme="asymmetric",
                                               scale_dtype=jnp.bfloat16), x)
     cache = [kt.codes, kt.scale, vt.codes, vt.scale, vt.zero]
-    assert config.tpu_block_bytes_per_key(cache) * 2048 == 40 * 2**20
+    assert config.tpu_block_bytes_per_key(cache) == 8 * (64 + 8 * 4 + 32) + 2 * 16 * 2 == 1088
     dense = DecodeBlockSizes.default(seq_len=32768, batch=8, implementation="pallas_tpu")
     assert dense.num_splits == 16
     bs = config.quant_decode_default(seq_len=32768, batch=8, cache=cache, implementation="pallas_tpu")
-    assert bs.block_k == dense.block_k and bs.num_splits == 64
+    assert bs.block_k == 128 and bs.num_splits == 16
     assert 32768 // bs.num_splits * config.tpu_block_bytes_per_key(cache) <= _backend.TPU_BLOCK_VMEM_BUDGET
+    # A cache too long for 16 splits gets more: 512k tokens at 1088 bytes need 64 splits of 8192 keys (8.5 MiB).
+    long = [jax.ShapeDtypeStruct((8, 1 << 19) + a.shape[2:], a.dtype) for a in cache]
+    bs_long = config.quant_decode_default(seq_len=1 << 19, batch=8, cache=long, implementation="pallas_tpu")
+    assert bs_long.num_splits == 64
     assert config.quant_decode_default(seq_len=32768, batch=8, cache=cache,
                                        implementation="pallas_triton") == DecodeBlockSizes.default(
         seq_len=32768, batch=8, implementation="pallas_triton")
+
+
+@pytest.mark.skipif(not __import__("pallas_kernels.aot").aot.libtpu_available(), reason="needs libtpu")
+def test_tpu_quantized_decode_reads_the_packed_cache_in_place():
+    """Compiled for v5e (a device description; libtpu, no TPU): the cache's narrow arrays are not copied
+    to a padded row-major layout before the kernel. XLA's TPU layout of a [b, s, kh, x] array with a small
+    x puts the tokens minor, which the kernel's [b, kh, x, s] view is a bitcast of; the token-major
+    kernel this replaced made 2.5 GiB of HBM temporaries for this 216 MiB cache."""
+    from pallas_kernels import aot
+
+    case = next(c for c in aot.CASES if c.id == "kv_quant.quantized_decode_32k")
+    r = aot.compile_case(case, "v5e:2x2")
+    assert r["ok"], r["error"]
+    assert r["temp_bytes"] <= 64 * 2**20, r["temp_bytes"] / 2**20

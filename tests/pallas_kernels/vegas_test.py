@@ -265,3 +265,23 @@ def test_cost_models_count_the_documented_terms():
     dense = verify_cost(batch=2, q_len=1, num_heads=8, num_kv_heads=2, kv_len=16384, head_dim=64, score_rows=0,
                         kv_itemsize=2)
     assert sc.bytes_accessed < 0.01 * dense.bytes_accessed  # O(K + W) rows, not O(S)
+
+
+def test_tpu_verify_default_splits_keep_the_blocks_within_scoped_vmem():
+    """`pallas_kernels.aot`'s verify case (batch 8, t 5, 32/8 heads, d 128, bf16, 2 score rows): 1088 bytes of
+    VMEM per key (K and V columns and the float32 score rows, double-buffered; Mosaic allocated 34.00M for
+    the 32768-key splits of a 64k cache, over v5e's 16M and v6e's 32M). The TPU default splits further
+    until a split fits the budget; without the per-key size (and off TPU) the rule is unchanged."""
+    from pallas_kernels.vegas import api as vegas_api
+
+    q = jax.ShapeDtypeStruct((8, 5, 32, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((8, 65536, 8, 128), jnp.bfloat16)
+    per_key = vegas_api._verify_tpu_bytes_per_key(q, k, (0, 4), "pallas_tpu")
+    assert per_key == 2 * (2 * 128 * 2 + 8 * 4) == 1088
+    plain = VerifyBlockSizes.default(seq_len=65536, batch=8, kv_heads=8, implementation="pallas_tpu")
+    assert plain.num_splits == 2 and 65536 // 2 * per_key == 34 * 2**20
+    bs = VerifyBlockSizes.default(seq_len=65536, batch=8, kv_heads=8, implementation="pallas_tpu",
+                                  tpu_bytes_per_key=per_key)
+    assert bs.num_splits == 8 and 65536 // bs.num_splits * per_key <= _backend.TPU_BLOCK_VMEM_BUDGET
+    assert VerifyBlockSizes.default(seq_len=65536, batch=8, kv_heads=8, implementation="pallas_triton",
+                                    tpu_bytes_per_key=per_key).num_splits == 2
