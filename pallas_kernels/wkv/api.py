@@ -53,8 +53,11 @@ def _pallas_forward(w, u, k, v, *, bs, impl, interpret):
     tp = _backend.next_power_of_two(t) if impl == "pallas_triton" else t
     vmem = _tpu_vmem_bytes(tp, bs, k.dtype.itemsize)
     if impl == "pallas_tpu" and vmem > _TPU_VMEM_CAP:
+        tile = bs.sequences
+        t_max = (_TPU_VMEM_CAP // 2 - 2 * tile * 4) // (tile * (2 * k.dtype.itemsize + 8))  # inverse of the model
         raise ValueError(f"k has t={t} tokens: the TPU kernel would need {vmem / 2**20:.2f} MiB of VMEM (> "
-                         f"{_TPU_VMEM_CAP // 2**20} MiB); use implementation='xla' for sequences this long")
+                         f"{_TPU_VMEM_CAP // 2**20} MiB); at most {t_max} tokens fit with "
+                         f"sequences={tile} per program; use implementation='xla' for sequences this long")
 
     def seq_major(x):  # [..., t, c] -> [tp, g, rows, lanes], sequence index = batch row * c + channel
         x = jnp.moveaxis(x.reshape(nb, t, c), 1, 0).reshape(t, n)
