@@ -15,7 +15,8 @@ A target is `lm_1b` (the 1B-parameter decoder LM of issue 35: d_model 2048, 16 l
 d_ff 7168, vocabulary 32k, sequence 2048, bfloat16 compute, scanned and rematerialised blocks, flash
 attention in training) or an
 experiment whose registry entry defines ``train_step`` (its preset's model, optimizer and batch as a
-`TrainStep`). Measured results: ``results/aot/train_steps.json`` (``--json``).
+`TrainStep`; eleven LM experiments do, for SFT-then-RL experiments the supervised step). Measured results:
+``results/aot/train_steps.json`` (``--json``).
 """
 
 from __future__ import annotations
@@ -174,7 +175,8 @@ def _target_step(name: str, preset: str, batch: int | None) -> TrainStep:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments aot", description=__doc__.split("\n\n")[0])
-    p.add_argument("target", help="lm_1b, or an experiment slug with a training step (see --list)")
+    p.add_argument("target", nargs="?", help="lm_1b, or an experiment slug with a training step (see --list)")
+    p.add_argument("--list", action="store_true", help="list the targets and exit")
     p.add_argument("--preset", default="paper", help="the experiment's preset (default paper)")
     p.add_argument("--topology", default="v5e:4x4", help="a TPU slice, e.g. v5e:4x4, v5e:16x16, v6e:2x2")
     p.add_argument("--mesh", nargs=3, type=int, metavar=("DATA", "FSDP", "TENSOR"), default=None,
@@ -186,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill", choices=PREFILL_ATTENTION, default=None, help="training attention: dense or flash")
     p.add_argument("--json", type=pathlib.Path, default=None, help="append the result row to this JSON file")
     a = p.parse_args(argv)
+    if a.list or a.target is None:
+        for name, what in targets().items():
+            print(f"{name:24s} {what}")
+        return 0 if a.list else 2
     try:
         step = _target_step(a.target, a.preset, a.batch)
         model = step.model

@@ -171,7 +171,8 @@ class Config:
 # --- pipeline -----------------------------------------------------------------------------------
 
 
-def _sft(c: Config, world: QuestionWorld, workdir: epath.Path):
+def _sft_batch_fn(c: Config, world: QuestionWorld):
+    """position -> the SFT batch at that position (answers to known facts)."""
     tok = world.tokenizer()
     known = [q for q in world.questions if q.known]
     if not known:
@@ -184,11 +185,30 @@ def _sft(c: Config, world: QuestionWorld, workdir: epath.Path):
                                                               for q in chosen], seq_len=SEQ_LEN)
         return {k: b[k] for k in ("inputs", "targets", "loss_mask")}
 
+    return batch_fn
+
+
+def _sft_optimizer(c: Config) -> training.OptimizerConfig:
+    return training.OptimizerConfig(learning_rate=c.sft.lr, warmup_steps=min(50, c.sft.steps // 5),
+                                    total_steps=c.sft.steps, weight_decay=0.01)
+
+
+def train_step(c: Config):
+    """The SFT step `run` takes (`_sft`), for ``python -m experiments aot camp`` (`experiments.aot`)."""
+    from experiments import aot
+
+    world = c.question_world()
+    return aot.TrainStep(model=c.model.transformer(world.tokenizer().vocab_size), optimizer=_sft_optimizer(c),
+                         batch_size=c.sft.batch, seq_len=_sft_batch_fn(c, world)(0)["inputs"].shape[1])
+
+
+def _sft(c: Config, world: QuestionWorld, workdir: epath.Path):
+    tok = world.tokenizer()
+    batch_fn = _sft_batch_fn(c, world)
     model_cfg = c.model.transformer(tok.vocab_size)
     out = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
-        optimizer_config=training.OptimizerConfig(learning_rate=c.sft.lr, warmup_steps=min(50, c.sft.steps // 5),
-                                                  total_steps=c.sft.steps, weight_decay=0.01),
+        optimizer_config=_sft_optimizer(c),
         batch_fn=batch_fn, num_steps=c.sft.steps, workdir=(workdir / "sft") if c.checkpoint else None, seed=c.seed,
         checkpoint_every=max(c.sft.steps, 1), log_every=max(1, c.sft.steps // 10), progress=c.progress,
         desc="camp sft", fingerprint=repr(("sft", world, model_cfg, c.sft.steps, c.sft.batch, c.sft.lr, c.seed)))
@@ -432,4 +452,5 @@ EXPERIMENT = registry.Experiment(
                                 eval=EvalSection(chunk=1024)),
     },
     run=run,
+    train_step=train_step,
 )

@@ -360,6 +360,29 @@ def evaluate(graphdef, params, task: CountdownTask, problems, *, num_samples: in
     }
 
 
+def _sft_optimizer(c: Config) -> training.OptimizerConfig:
+    return training.OptimizerConfig(learning_rate=c.sft.lr, warmup_steps=min(100, c.sft.steps // 5),
+                                    total_steps=c.sft.steps, weight_decay=0.01)
+
+
+def train_step(c: Config):
+    """The Countdown LM's SFT step (`run_countdown`; the RL steps after it are not `fit` steps), for
+    ``python -m experiments aot differential_smoothing`` (`experiments.aot`).
+
+    Raises:
+      ValueError: the preset trains no LM (``lm`` False) or skips SFT (``sft.steps`` 0).
+    """
+    from experiments import aot
+
+    if not c.lm or c.sft.steps == 0:
+        raise ValueError(f"differential_smoothing takes no SFT step with lm={c.lm}, sft.steps={c.sft.steps} "
+                         "(this preset skips the Countdown LM's warm start); pass a preset with it, e.g. --preset paper")
+    task = _task(c)
+    # `lm_batch` pads every SFT batch to task.max_seq_len: inputs [b, max_seq_len - 1]
+    return aot.TrainStep(model=c.model.transformer(task.tokenizer().vocab_size), optimizer=_sft_optimizer(c),
+                         batch_size=c.sft.batch, seq_len=task.max_seq_len - 1)
+
+
 def run_countdown(c: Config, workdir: pathlib.Path) -> dict:
     task = _task(c)
     tok = task.tokenizer()
@@ -375,8 +398,7 @@ def run_countdown(c: Config, workdir: pathlib.Path) -> dict:
         return _rl_and_eval(c, task, pool, graphdef, base_params, workdir)
     sft = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
-        optimizer_config=training.OptimizerConfig(learning_rate=c.sft.lr, warmup_steps=min(100, c.sft.steps // 5),
-                                                  total_steps=c.sft.steps, weight_decay=0.01),
+        optimizer_config=_sft_optimizer(c),
         batch_fn=_sft_batch_fn(c, task, pool, seq_len), num_steps=c.sft.steps,
         workdir=(workdir / "sft") if c.checkpoint else None, seed=c.seed, checkpoint_every=max(c.sft.steps, 1),
         log_every=max(1, c.sft.steps // 10), progress=c.progress, desc="ds sft",
@@ -748,4 +770,5 @@ EXPERIMENT = registry.Experiment(
                                 eval=EvalSection(problems=512, samples=128, ks=(1, 2, 4, 8, 16, 32, 64, 128))),
     },
     run=run,
+    train_step=train_step,
 )

@@ -253,12 +253,24 @@ def pretrain_batch(position: int, c: Config) -> dict:
     return {"inputs": seq[:, :-1], "targets": seq[:, 1:], "loss_mask": mask}
 
 
+def _pretrain_optimizer(c: Config) -> training.OptimizerConfig:
+    return training.OptimizerConfig(learning_rate=c.pretrain.learning_rate,
+                                    warmup_steps=min(50, c.pretrain.steps), total_steps=c.pretrain.steps,
+                                    weight_decay=0.1)
+
+
+def train_step(c: Config):
+    """The base LM's pretraining step (`pretrain`), for ``python -m experiments aot hyper_icl`` (`experiments.aot`)."""
+    from experiments import aot
+
+    return aot.TrainStep(model=c.model.transformer(c.vocab_size), optimizer=_pretrain_optimizer(c),
+                         batch_size=c.pretrain.batch_size, seq_len=pretrain_batch(0, c)["inputs"].shape[1])
+
+
 def pretrain(c: Config, workdir) -> nnx.Module:
     """The base LM, trained once per config (checkpointed in workdir/pretrain; a rerun restores it)."""
     cfg = c.model.transformer(c.vocab_size)
-    opt = training.OptimizerConfig(learning_rate=c.pretrain.learning_rate,
-                                   warmup_steps=min(50, c.pretrain.steps), total_steps=c.pretrain.steps,
-                                   weight_decay=0.1)
+    opt = _pretrain_optimizer(c)
     key = registry.flat_fields(c, [(old, path) for old, path in _FLAT if old in (
         "num_groups", "group_size", "max_demos", "model", "pretrain_steps", "pretrain_batch_size",
         "pretrain_learning_rate", "seed")])
@@ -503,4 +515,5 @@ EXPERIMENT = registry.Experiment(
                                 eval=EvalSection(num_queries=10_000)),
     },
     run=run,
+    train_step=train_step,
 )

@@ -174,6 +174,22 @@ class Config:
             raise err("sweep.intervals", f"must be >= 0; got {self.sweep.intervals}")
 
 
+def _optimizer(c: Config):
+    from algorithms import training
+
+    return training.OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=min(50, c.train.steps),
+                                    total_steps=c.train.steps)
+
+
+def train_step(c: Config):
+    """The MoE LM's training step (`_train_lm`), for ``python -m experiments aot moe_rerouting`` (`experiments.aot`)."""
+    from experiments import aot
+
+    task = DomainTask(seed=c.seed)  # its batches are BOS + train.seq_len characters: inputs [b, train.seq_len]
+    return aot.TrainStep(model=c.model.transformer(task.tokenizer.vocab_size), optimizer=_optimizer(c),
+                         batch_size=c.train.batch_size, seq_len=c.train.seq_len)
+
+
 def _train_lm(c: Config, task: DomainTask, workdir: pathlib.Path):
     from algorithms import training
     from models.transformer import Transformer
@@ -184,8 +200,7 @@ def _train_lm(c: Config, task: DomainTask, workdir: pathlib.Path):
         b = task.train_batch(position, c.train.batch_size, c.train.seq_len)
         return {k: b[k] for k in ("inputs", "targets", "loss_mask")}
 
-    opt = training.OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=min(50, c.train.steps),
-                                   total_steps=c.train.steps)
+    opt = _optimizer(c)
     fp = repr((c.model, c.train.seq_len, c.train.batch_size, c.train.steps, c.train.learning_rate, c.seed))
     res = training.fit(model_fn=lambda rngs: Transformer(cfg, rngs=rngs), optimizer_config=opt, batch_fn=batch_fn,
                        num_steps=c.train.steps, workdir=workdir / "lm", seed=c.seed,
@@ -674,4 +689,5 @@ EXPERIMENT = registry.Experiment(
                                 retrieval=RetrievalSection(bank_size=2048)),
     },
     run=run,
+    train_step=train_step,
 )

@@ -367,6 +367,29 @@ def _lm_score(counts: np.ndarray, samples: int) -> dict:
             "coverage": float(np.mean(policy_losses.pass_at_k(samples, counts, samples)))}
 
 
+def _sft_optimizer(c: Config) -> training.OptimizerConfig:
+    return training.OptimizerConfig(learning_rate=1e-3, warmup_steps=max(1, c.lm.sft_steps // 10),
+                                    total_steps=max(1, c.lm.sft_steps), weight_decay=0.01)
+
+
+def train_step(c: Config):
+    """The tiny LM's SFT step (`run_lm`; the GRPO runs after it are not `fit` steps), for
+    ``python -m experiments aot rl_compute_allocation`` (`experiments.aot`).
+
+    Raises:
+      ValueError: the preset skips the LM stage (``lm.enabled`` False), so `run` trains no LM.
+    """
+    from experiments import aot
+
+    if not c.lm.enabled:
+        raise ValueError("rl_compute_allocation trains no LM with lm.enabled=False (this preset skips the LM "
+                         "stage); pass a preset with the LM stage")
+    task = _lm_task(c)
+    inputs = task.train_batch(0, batch_size=1, seq_len=task.max_seq_len)["inputs"]
+    return aot.TrainStep(model=c.lm.model.transformer(task.tokenizer().vocab_size), optimizer=_sft_optimizer(c),
+                         batch_size=c.lm.sft_batch, seq_len=inputs.shape[1])
+
+
 def run_lm(c: Config, workdir: pathlib.Path) -> dict:
     """SFT, the easy / hard split by base pass rate, then the iso-compute sweep of GRPO runs."""
     task = _lm_task(c)
@@ -374,8 +397,7 @@ def run_lm(c: Config, workdir: pathlib.Path) -> dict:
     model_cfg = c.lm.model.transformer(tok.vocab_size)
     sft = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
-        optimizer_config=training.OptimizerConfig(learning_rate=1e-3, warmup_steps=max(1, c.lm.sft_steps // 10),
-                                                  total_steps=max(1, c.lm.sft_steps), weight_decay=0.01),
+        optimizer_config=_sft_optimizer(c),
         batch_fn=lambda pos: task.train_batch(pos, batch_size=c.lm.sft_batch, seq_len=task.max_seq_len),
         num_steps=max(1, c.lm.sft_steps), workdir=(workdir / "lm_sft") if c.checkpoint else None, seed=c.seed,
         log_every=max(1, c.lm.sft_steps // 10), progress=c.progress, desc="isocompute sft",
@@ -672,4 +694,5 @@ EXPERIMENT = registry.Experiment(
                                                    seeds=16)),
     },
     run=run,
+    train_step=train_step,
 )

@@ -167,17 +167,34 @@ def _flat_repr(c: Config) -> str:
     return registry.flat_repr(c, _FLAT_FIELDS)
 
 
+def _train_batch(c: Config, users: MultiTurnUsers, position: int) -> dict:
+    rng = np.random.default_rng([c.seed, 7, position])
+    return users.train_batch(c.train.batch, rng, ambiguous_fraction=c.train.ambiguous_fraction,
+                             intent_weights=c.train.intent_weights)
+
+
+def _optimizer(c: Config) -> training.OptimizerConfig:
+    return training.OptimizerConfig(learning_rate=c.train.lr, warmup_steps=min(50, c.train.steps // 5),
+                                    total_steps=c.train.steps, weight_decay=0.01)
+
+
+def train_step(c: Config):
+    """The LM training step `run` takes (`_train`), for ``python -m experiments aot rosa2`` (`experiments.aot`)."""
+    from experiments import aot
+
+    users = c.simulated_users()
+    return aot.TrainStep(model=c.model.transformer(users.vocab_size), optimizer=_optimizer(c),
+                         batch_size=c.train.batch, seq_len=_train_batch(c, users, 0)["inputs"].shape[1])
+
+
 def _train(c: Config, users: MultiTurnUsers, workdir: epath.Path):
     def batch_fn(position):
-        rng = np.random.default_rng([c.seed, 7, position])
-        return users.train_batch(c.train.batch, rng, ambiguous_fraction=c.train.ambiguous_fraction,
-                                 intent_weights=c.train.intent_weights)
+        return _train_batch(c, users, position)
 
     model_cfg = c.model.transformer(users.vocab_size)
     out = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
-        optimizer_config=training.OptimizerConfig(learning_rate=c.train.lr, warmup_steps=min(50, c.train.steps // 5),
-                                                  total_steps=c.train.steps, weight_decay=0.01),
+        optimizer_config=_optimizer(c),
         batch_fn=batch_fn, num_steps=c.train.steps, workdir=(workdir / "lm") if c.checkpoint else None, seed=c.seed,
         checkpoint_every=c.train.steps, log_every=max(1, c.train.steps // 10), progress=c.progress,
         desc="rosa2 lm", fingerprint=repr(("lm", users, model_cfg, c.train.steps, c.train.batch, c.train.lr,
@@ -383,4 +400,5 @@ EXPERIMENT = registry.Experiment(
                                 interact=InteractSection(num_interactions=5000, num_turns=8)),
     },
     run=run,
+    train_step=train_step,
 )

@@ -373,6 +373,29 @@ def sample_markov(rng: np.random.Generator, trans, start, num_sequences: int, se
     return seqs, dom
 
 
+def _lm_optimizer(c: Config):
+    from algorithms import training
+
+    return training.OptimizerConfig(learning_rate=c.lm.learning_rate, warmup_steps=min(50, c.lm.steps),
+                                    total_steps=c.lm.steps)
+
+
+def train_step(c: Config):
+    """The MoE LM's training step (`_run_lm`, batches of ``lm.batch_size`` x ``lm.seq_len`` tokens), for
+    ``python -m experiments aot router_interp`` (`experiments.aot`).
+
+    Raises:
+      ValueError: the preset skips the LM stage (``lm.enabled`` False), so `run` trains no LM.
+    """
+    from experiments import aot
+
+    if not c.lm.enabled:
+        raise ValueError("router_interp trains no LM with lm.enabled=False (this preset skips the LM stage); "
+                         "pass a preset with the LM stage, e.g. --preset paper")
+    return aot.TrainStep(model=c.lm.model.transformer(c.lm.vocab), optimizer=_lm_optimizer(c),
+                         batch_size=c.lm.batch_size, seq_len=c.lm.seq_len)
+
+
 def _run_lm(c: Config, workdir: pathlib.Path) -> dict:
     from algorithms import training
     from models.transformer import Transformer
@@ -389,8 +412,7 @@ def _run_lm(c: Config, workdir: pathlib.Path) -> dict:
         return {"inputs": seqs[:, :-1], "targets": seqs[:, 1:],
                 "loss_mask": np.ones((c.lm.batch_size, c.lm.seq_len), np.float32)}
 
-    opt = training.OptimizerConfig(learning_rate=c.lm.learning_rate, warmup_steps=min(50, c.lm.steps),
-                                   total_steps=c.lm.steps)
+    opt = _lm_optimizer(c)
     t0 = time.time()
     result = training.fit(model_fn=lambda rngs: Transformer(cfg, rngs=rngs), optimizer_config=opt, batch_fn=batch_fn,
                           num_steps=c.lm.steps, workdir=workdir / "lm", seed=c.seed,
@@ -627,4 +649,5 @@ EXPERIMENT = registry.Experiment(
                          eval_sequences=2000, sae_steps=6000)),
     },
     run=run,
+    train_step=train_step,
 )

@@ -178,13 +178,27 @@ def headline(metrics: Mapping[str, Any]) -> str:
             f"{ours['benign']['accuracy']:.1%}; K=1/2/3 ASR {ks} (drift step planted)")
 
 
+def _optimizer(c: Config) -> training.OptimizerConfig:
+    return training.OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=min(100, c.train.num_steps),
+                                    total_steps=c.train.num_steps)
+
+
+def train_step(c: Config):
+    """The LM training step `run` takes, for ``python -m experiments aot safethink`` (`experiments.aot`)."""
+    from experiments import aot
+
+    task = c.task
+    inputs = task.train_batch(0, batch_size=1, seed=c.seed)["inputs"]  # every batch is padded to one length
+    return aot.TrainStep(model=c.model.transformer(task.tokenizer().vocab_size), optimizer=_optimizer(c),
+                         batch_size=c.train.batch_size, seq_len=inputs.shape[1])
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     workdir = epath.Path(workdir)
     task = c.task
     tok = task.tokenizer()
     model_cfg = c.model.transformer(tok.vocab_size)
-    opt = training.OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=min(100, c.train.num_steps),
-                                   total_steps=c.train.num_steps)
+    opt = _optimizer(c)
     fit = training.fit(model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs), optimizer_config=opt,
                        batch_fn=lambda pos: task.train_batch(pos, batch_size=c.train.batch_size, seed=c.seed),
                        num_steps=c.train.num_steps, workdir=workdir / "lm", seed=c.seed,
@@ -297,4 +311,5 @@ EXPERIMENT = registry.Experiment(
                                 scorer=ScorerSection(traces=20_000), monitor=MonitorSection(windows=(1, 2, 3, 4))),
     },
     run=run,
+    train_step=train_step,
 )

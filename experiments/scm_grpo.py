@@ -308,12 +308,34 @@ def run(c: Config, workdir: pathlib.Path) -> dict:
     return _rl_and_eval(c, task, graphdef, base_params, workdir)
 
 
+def _sft_optimizer(c: Config) -> training.OptimizerConfig:
+    return training.OptimizerConfig(learning_rate=c.sft.lr, warmup_steps=min(100, c.sft.steps // 5),
+                                    total_steps=c.sft.steps, weight_decay=0.01)
+
+
+def train_step(c: Config):
+    """The SFT warm start's step (`_sft`; the GRPO steps after it are not `fit` steps), for
+    ``python -m experiments aot scm_grpo`` (`experiments.aot`).
+
+    Raises:
+      ValueError: the preset has no SFT (``sft.steps`` 0), so `run` takes no `fit` step.
+    """
+    from experiments import aot
+
+    if c.sft.steps == 0:
+        raise ValueError("scm_grpo takes no SFT step with sft.steps=0 (this preset starts RL from random "
+                         "weights); pass a preset with SFT, e.g. --preset paper")
+    task = _task(c)
+    _, _, seq_len = _lengths(c, task)  # `lm_batch` pads to seq_len: inputs [b, seq_len - 1]
+    return aot.TrainStep(model=c.model.transformer(task.tokenizer().vocab_size), optimizer=_sft_optimizer(c),
+                         batch_size=c.sft.batch, seq_len=seq_len - 1)
+
+
 def _sft(c: Config, task: MultiHopTask, model_cfg: TransformerConfig, seq_len: int, workdir: pathlib.Path):
     pool = task.sample(c.sft.pool, seed=1)
     sft = training.fit(
         model_fn=lambda rngs: Transformer(model_cfg, rngs=rngs),
-        optimizer_config=training.OptimizerConfig(learning_rate=c.sft.lr, warmup_steps=min(100, c.sft.steps // 5),
-                                                  total_steps=c.sft.steps, weight_decay=0.01),
+        optimizer_config=_sft_optimizer(c),
         batch_fn=_sft_batch_fn(c, task, pool, seq_len), num_steps=c.sft.steps,
         workdir=(workdir / "sft") if c.checkpoint else None, seed=c.seed, checkpoint_every=max(c.sft.steps, 1),
         log_every=max(1, c.sft.steps // 10), progress=c.progress, desc="scm sft",
@@ -526,4 +548,5 @@ EXPERIMENT = registry.Experiment(
                                 eval=EvalSection(claims_per_hop=1000, samples=8)),
     },
     run=run,
+    train_step=train_step,
 )

@@ -312,12 +312,30 @@ def _method_name(kind: str, k: int | None = None, j: int | None = None) -> str:
     return "residual"
 
 
+def _corpus(c: Config) -> sc.StyleCorpus:
+    return sc.StyleCorpus(max_operand=c.corpus.max_operand, marker_prob=c.corpus.marker_prob, seed=c.seed)
+
+
+def _optimizer(c: Config) -> training.OptimizerConfig:
+    t = c.train
+    return training.OptimizerConfig(learning_rate=t.learning_rate, warmup_steps=min(t.warmup_steps, t.num_steps),
+                                    total_steps=t.num_steps)
+
+
+def train_step(c: Config):
+    """The LM training step `run` takes, for ``python -m experiments aot style_heads`` (`experiments.aot`)."""
+    from experiments import aot
+
+    corpus = _corpus(c)
+    inputs = corpus.train_batch(0, batch_size=1)["inputs"]  # every batch is padded to the corpus' max_seq_len
+    return aot.TrainStep(model=c.model.transformer(corpus.tokenizer().vocab_size), optimizer=_optimizer(c),
+                         batch_size=c.train.batch_size, seq_len=inputs.shape[1])
+
+
 def _train(c: Config, corpus: sc.StyleCorpus, workdir: epath.Path):
     tok = corpus.tokenizer()
     cfg = c.model.transformer(tok.vocab_size)
-    t = c.train
-    opt = training.OptimizerConfig(learning_rate=t.learning_rate, warmup_steps=min(t.warmup_steps, t.num_steps),
-                                   total_steps=t.num_steps)
+    opt = _optimizer(c)
     return training.fit(model_fn=lambda rngs: Transformer(cfg, rngs=rngs), optimizer_config=opt,
                         batch_fn=lambda pos: corpus.train_batch(pos, batch_size=c.train.batch_size),
                         num_steps=c.train.num_steps, workdir=workdir / "lm", seed=c.seed,
@@ -344,7 +362,7 @@ def _hv(points: list[dict], ykey: str) -> float:
 def run(c: Config, workdir: pathlib.Path) -> dict:
     workdir = epath.Path(workdir)
     t0 = time.time()
-    corpus = sc.StyleCorpus(max_operand=c.corpus.max_operand, marker_prob=c.corpus.marker_prob, seed=c.seed)
+    corpus = _corpus(c)
     result = _train(c, corpus, workdir)
     model = result.model()
     train_s = time.time() - t0
@@ -606,4 +624,5 @@ EXPERIMENT = registry.Experiment(
                                                                                     8.0, 12.0, 16.0, 32.0))),
     },
     run=run,
+    train_step=train_step,
 )

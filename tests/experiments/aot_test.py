@@ -52,3 +52,11 @@ def test_compiling_for_resolves_kernels_for_the_target_platform():
     with pytest.raises(ValueError, match="platform must be 'tpu', 'gpu' or 'cpu'; got 'TPU'"):
         with _backend.compiling_for("TPU"):
             pass
+
+
+def test_list_prints_the_targets(capsys, monkeypatch):
+    from experiments import aot
+
+    monkeypatch.setattr(aot, "targets", lambda: {"lm_1b": "the 1B LM", "lm_arithmetic": "its step"})
+    assert cli.main(["aot", "--list"]) == 0
+    assert capsys.readouterr().out.split() == ["lm_1b", "the", "1B", "LM", "lm_arithmetic", "its", "step"]
