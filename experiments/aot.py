@@ -113,28 +113,23 @@ def compile_train_step(step: TrainStep, *, topology: str, mesh: training.MeshCon
                            "scan_layers": step.model.scan_layers, "remat": step.model.remat,
                            # "auto" is the flash kernel when compiling for TPU
                            "prefill": "dense" if step.model.attention.prefill == "dense" else "flash"}
-    cache_on = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)  # a TPU executable cannot be loaded back here
-    try:
-        with _backend.compiling_for("tpu"):
-            t0 = time.perf_counter()
-            graphdef, state, shardings = training.init_train_state(
-                lambda rngs: Transformer(step.model, rngs=rngs), optimizer, mesh=device_mesh,
-                rules=mesh.logical_axis_rules, abstract=True)
-            fn = training.make_train_step(graphdef, optimizer, loss_fn=step.loss_fn, shardings=shardings,
-                                          mesh=device_mesh)
-            lowered = fn.trace(state, batch).lower()
-            row["trace_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            try:
-                compiled = lowered.compile()
-            except Exception as e:  # the compiler's refusal (e.g. RESOURCE_EXHAUSTED over HBM) is the result
-                row.update(ok=False, compile_s=time.perf_counter() - t0, error=kernel_aot._first_line(str(e)))
-                row.update(fits=False, suggestion=_suggest(step, mesh, len(devices)))
-                return row
-            row["compile_s"] = time.perf_counter() - t0
-    finally:
-        jax.config.update("jax_enable_compilation_cache", cache_on)
+    with kernel_aot.without_compilation_cache(), _backend.compiling_for("tpu"):
+        t0 = time.perf_counter()
+        graphdef, state, shardings = training.init_train_state(
+            lambda rngs: Transformer(step.model, rngs=rngs), optimizer, mesh=device_mesh,
+            rules=mesh.logical_axis_rules, abstract=True)
+        fn = training.make_train_step(graphdef, optimizer, loss_fn=step.loss_fn, shardings=shardings,
+                                      mesh=device_mesh)
+        lowered = fn.trace(state, batch).lower()
+        row["trace_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        try:
+            compiled = lowered.compile()
+        except Exception as e:  # the compiler's refusal (e.g. RESOURCE_EXHAUSTED over HBM) is the result
+            row.update(ok=False, compile_s=time.perf_counter() - t0, error=kernel_aot.compiler_verdict(str(e)))
+            row.update(fits=False, suggestion=_suggest(step, mesh, len(devices)))
+            return row
+        row["compile_s"] = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     sizes = {"argument": mem.argument_size_in_bytes, "output": mem.output_size_in_bytes,
              "alias": mem.alias_size_in_bytes, "temp": mem.temp_size_in_bytes,

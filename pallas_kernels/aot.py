@@ -23,6 +23,7 @@ limit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -266,20 +267,28 @@ def compile_case(case: Case, topology: str) -> dict:
     fn, args = case.build()
     args = _on_device(args, tpu_devices(topology)[0])
     t0 = time.perf_counter()
-    cache_on = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)  # a TPU executable cannot be loaded back here
     try:  # tracing runs the wrappers' own shape checks; compile() runs Mosaic and XLA:TPU
-        compiled = jax.jit(fn).trace(*args).lower().compile()
+        with without_compilation_cache():
+            compiled = jax.jit(fn).trace(*args).lower().compile()
     except Exception as e:  # the compiler's own message is the result
-        return {"ok": False, "seconds": time.perf_counter() - t0, "error": _first_line(str(e))}
-    finally:
-        jax.config.update("jax_enable_compilation_cache", cache_on)
+        return {"ok": False, "seconds": time.perf_counter() - t0, "error": compiler_verdict(str(e))}
     mem = compiled.memory_analysis()
     return {"ok": True, "seconds": time.perf_counter() - t0, "temp_bytes": int(mem.temp_size_in_bytes),
             "argument_bytes": int(mem.argument_size_in_bytes), "error": None}
 
 
-def _first_line(msg: str) -> str:
+@contextlib.contextmanager
+def without_compilation_cache():
+    """The persistent compilation cache off inside: a TPU executable compiled here cannot be loaded back."""
+    cache_on = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cache_on)
+
+
+def compiler_verdict(msg: str) -> str:
     """The compiler's verdict in one line: its error code plus the sizes it names (e.g. "size 46.88M and
     limit 32.00M") when it names them."""
     import re

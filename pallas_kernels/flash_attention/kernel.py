@@ -168,6 +168,15 @@ def _dkv_update(q, k, v, do, lse, delta, q_first, k_first, dk, dv, *, causal: bo
 # Forward.
 
 
+def _run_where(needed, step) -> None:
+    """`step()` in the programs where `needed` (a traced bool) holds, in every program when it is None: a TPU
+    shell skips the blocks wholly above the causal diagonal (their index maps fetch nothing new)."""
+    if needed is None:
+        step()
+    else:
+        pl.when(needed)(step)
+
+
 def flash_forward_grid_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref, *, block_q: int,
                               block_k: int, scale: float, causal: bool, q_len: int, kv_len: int):
     """TPU shell: grid (b, h, q_blocks, k_blocks); q_ref [bq, d], k_ref, v_ref [bk, d]; scratch m, l
@@ -186,11 +195,8 @@ def flash_forward_grid_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, m_ref, l_ref,
                                   l_ref[...], acc_ref[...], causal=causal, kv_len=kv_len)
         m_ref[...], l_ref[...], acc_ref[...] = m, l, acc
 
-    if causal:
-        pl.when(j <= last_key_block(i, block_q=block_q, block_k=block_k, offset=offset,
-                                    num_k_blocks=pl.num_programs(3)))(step)
-    else:
-        step()
+    _run_where(j <= last_key_block(i, block_q=block_q, block_k=block_k, offset=offset,
+                                   num_k_blocks=pl.num_programs(3)) if causal else None, step)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -244,11 +250,8 @@ def flash_dq_grid_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref
                                   delta_col[...], i * block_q + offset, j * block_k, acc_ref[...], causal=causal,
                                   kv_len=kv_len)
 
-    if causal:
-        pl.when(j <= last_key_block(i, block_q=block_q, block_k=block_k, offset=offset,
-                                    num_k_blocks=pl.num_programs(3)))(step)
-    else:
-        step()
+    _run_where(j <= last_key_block(i, block_q=block_q, block_k=block_k, offset=offset,
+                                   num_k_blocks=pl.num_programs(3)) if causal else None, step)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -300,11 +303,8 @@ def flash_dkv_grid_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_re
                              causal=causal, kv_len=kv_len)
         dk_acc[...], dv_acc[...] = dk, dv
 
-    if causal:
-        pl.when(i >= first_query_block(j, block_q=block_q, block_k=block_k, offset=offset,
-                                       num_q_blocks=pl.num_programs(4)))(step)
-    else:
-        step()
+    _run_where(i >= first_query_block(j, block_q=block_q, block_k=block_k, offset=offset,
+                                      num_q_blocks=pl.num_programs(4)) if causal else None, step)
 
     @pl.when(jnp.logical_and(r == pl.num_programs(3) - 1, i == pl.num_programs(4) - 1))
     def _finish():
