@@ -13,10 +13,11 @@ the chip's HBM::
 
 A target is `lm_1b` (the 1B-parameter decoder LM of issue 35: d_model 2048, 16 layers, 16/8 heads,
 d_ff 7168, vocabulary 32k, sequence 2048, bfloat16 compute, scanned and rematerialised blocks, flash
-attention in training) or an
-experiment whose registry entry defines ``train_step`` (its preset's model, optimizer and batch as a
-`TrainStep`; eleven LM experiments do, for SFT-then-RL experiments the supervised step). Measured results:
-``results/aot/train_steps.json`` (``--json``).
+attention in training) or an experiment whose registry entry defines ``train_step``: its preset's model,
+optimizer, loss and batch as a `TrainStep` (a decoder LM from its `TransformerConfig`; a ViT, VLM or any
+other model from the ``model_fn``, ``loss_fn`` and batch its run passes to `training.fit`). For
+SFT-then-RL experiments it is the supervised step. Measured results: ``results/aot/train_steps.json``
+(``--json``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from algorithms import training
 from models.transformer import PREFILL_ATTENTION, REMAT, Transformer, TransformerConfig
@@ -43,22 +45,64 @@ HBM_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32}
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainStep:
-    """One training step to compile: a decoder LM, its optimizer and the global batch shape.
+    """One training step to compile: a model, its optimizer, its loss and the global batch's shapes.
+
+    A decoder LM needs only its `TransformerConfig` and the token length: the model is
+    `Transformer(model)` and the batch is ``inputs``, ``targets`` (int32) and ``loss_mask`` (float32) of
+    ``[batch_size, seq_len]``. Any other model (a ViT, a VLM, a video transformer) gives `model_fn` and
+    `example`, exactly as its experiment calls `training.fit`.
 
     Attributes:
-      model: the `TransformerConfig` (its `scan_layers`, `remat` and `attention.prefill` may be overridden
-        from the command line).
+      model: the model's config. A `TransformerConfig` may have its `scan_layers`, `remat` and
+        `attention.prefill` overridden from the command line; another config is only reported.
       optimizer: the `training.OptimizerConfig` of the run.
-      batch_size: global sequences per step (split over the mesh's data and fsdp axes).
-      seq_len: tokens per sequence (inputs and targets).
+      batch_size: global examples per step (split over the mesh's data and fsdp axes).
+      seq_len: tokens per sequence (inputs and targets) of a decoder LM; None when `example` is given.
       loss_fn: `(model, batch) -> (loss, metrics)`; default next-token cross-entropy.
+      model_fn: builds the model from `nnx.Rngs` (default `Transformer(model)`).
+      example: one example's arrays, ``name -> (shape, dtype)`` without the batch axis (default the LM's
+        tokens).
     """
 
-    model: TransformerConfig
+    model: Any
     optimizer: training.OptimizerConfig = training.OptimizerConfig()
     batch_size: int
-    seq_len: int
+    seq_len: int | None = None
     loss_fn: Callable = training.next_token_loss
+    model_fn: Callable[[nnx.Rngs], nnx.Module] | None = None
+    example: Mapping[str, tuple[tuple[int, ...], Any]] | None = None
+
+    def __post_init__(self):
+        if self.model_fn is None and not isinstance(self.model, TransformerConfig):
+            raise ValueError(f"TrainStep needs model_fn for a model config of type {type(self.model).__name__} "
+                             "(only a TransformerConfig builds itself)")
+        if (self.example is None) == (self.seq_len is None):
+            raise ValueError("TrainStep takes exactly one of seq_len (a decoder LM's tokens) and example; got "
+                             f"seq_len={self.seq_len!r}, example={self.example!r}")
+
+    @property
+    def is_lm(self) -> bool:
+        """Whether this is the decoder LM (`Transformer`) whose scan, remat and prefill may be overridden."""
+        return self.model_fn is None
+
+    def build(self, rngs: nnx.Rngs) -> nnx.Module:
+        return Transformer(self.model, rngs=rngs) if self.model_fn is None else self.model_fn(rngs)
+
+    def batch_shapes(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """The global batch: ``name -> ((batch_size, *shape), dtype)``."""
+        if self.example is None:
+            tokens = (self.batch_size, self.seq_len)
+            return {"inputs": (tokens, jnp.int32), "targets": (tokens, jnp.int32), "loss_mask": (tokens, jnp.float32)}
+        return {k: ((self.batch_size, *shape), dtype) for k, (shape, dtype) in self.example.items()}
+
+    @classmethod
+    def from_batch(cls, batch: Mapping[str, Any], **kwargs) -> "TrainStep":
+        """A step whose global batch has the shapes and dtypes of `batch` (one batch of the run's `batch_fn`)."""
+        sizes = {k: jnp.shape(v)[0] for k, v in batch.items()}
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"batch arrays must share their leading (batch) axis; got {sizes}")
+        example = {k: (tuple(jnp.shape(v)[1:]), jnp.result_type(v)) for k, v in batch.items()}
+        return cls(batch_size=next(iter(sizes.values())), example=example, **kwargs)
 
 
 def lm_1b(batch_size: int = 16) -> TrainStep:
@@ -85,10 +129,7 @@ def _global_batch(step: TrainStep, mesh: jax.sharding.Mesh) -> dict[str, jax.Sha
         raise ValueError(f"batch_size {step.batch_size} does not split over the mesh's data x fsdp = {shards} "
                          f"devices; use a multiple of {shards} (--batch)")
     sharding = training.batch_sharding(mesh)
-    shape = (step.batch_size, step.seq_len)
-    batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k in ("inputs", "targets")}
-    batch["loss_mask"] = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)
-    return batch
+    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for k, (shape, dtype) in step.batch_shapes().items()}
 
 
 def compile_train_step(step: TrainStep, *, topology: str, mesh: training.MeshConfig) -> dict[str, Any]:
@@ -109,15 +150,17 @@ def compile_train_step(step: TrainStep, *, topology: str, mesh: training.MeshCon
     batch = _global_batch(step, device_mesh)
     optimizer = training.make_optimizer(step.optimizer)
     row: dict[str, Any] = {"topology": topology, "chips": len(devices), "mesh": list(device_mesh.shape.values()),
-                           "params": step.model.num_params(), "batch_size": step.batch_size, "seq_len": step.seq_len,
-                           "scan_layers": step.model.scan_layers, "remat": step.model.remat,
-                           # "auto" is the flash kernel when compiling for TPU
-                           "prefill": "dense" if step.model.attention.prefill == "dense" else "flash"}
+                           "model": type(step.model).__name__, "batch_size": step.batch_size, "seq_len": step.seq_len,
+                           "batch": {k: list(shape) for k, (shape, _) in step.batch_shapes().items()}}
+    if step.is_lm:
+        row.update(scan_layers=step.model.scan_layers, remat=step.model.remat,
+                   # "auto" is the flash kernel when compiling for TPU
+                   prefill="dense" if step.model.attention.prefill == "dense" else "flash")
     with kernel_aot.without_compilation_cache(), _backend.compiling_for("tpu"):
         t0 = time.perf_counter()
         graphdef, state, shardings = training.init_train_state(
-            lambda rngs: Transformer(step.model, rngs=rngs), optimizer, mesh=device_mesh,
-            rules=mesh.logical_axis_rules, abstract=True)
+            step.build, optimizer, mesh=device_mesh, rules=mesh.logical_axis_rules, abstract=True)
+        row["params"] = sum(int(x.size) for x in jax.tree.leaves(state.params))
         fn = training.make_train_step(graphdef, optimizer, loss_fn=step.loss_fn, shardings=shardings,
                                       mesh=device_mesh)
         lowered = fn.trace(state, batch).lower()
@@ -147,9 +190,9 @@ def _suggest(step: TrainStep, mesh: training.MeshConfig, chips: int) -> str:
     """What to try when a step does not fit: shard fully, then rematerialise, then fewer sequences per chip."""
     if (mesh.data, mesh.fsdp, mesh.tensor) not in ((1, chips, 1), (1, -1, 1)):
         return f"shard parameters and optimizer state over every chip: --mesh 1 {chips} 1"
-    if step.model.remat == "none":
+    if step.is_lm and step.model.remat == "none":
         return "rematerialise each block: --remat full"
-    if step.model.attention.prefill == "dense":
+    if step.is_lm and step.model.attention.prefill == "dense":
         return "use the flash kernel for training attention (memory linear in sequence length): --prefill flash"
     if step.batch_size > chips:
         return f"fewer sequences per chip: --batch {chips}"
@@ -190,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         step = _target_step(a.target, a.preset, a.batch)
         model = step.model
+        overrides = [f for f in ("remat", "scan_layers", "prefill") if getattr(a, f) is not None]
+        if overrides and not step.is_lm:
+            raise ValueError(f"--{overrides[0].replace('_', '-')} applies to decoder LM targets; {a.target}'s model "
+                             f"is a {type(model).__name__}")
         if a.remat is not None:
             model = dataclasses.replace(model, remat=a.remat)
         if a.scan_layers is not None:
@@ -218,6 +265,10 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def _libtpu_version() -> str:
     import importlib.metadata
 
@@ -225,16 +276,20 @@ def _libtpu_version() -> str:
 
 
 def _describe(r: Mapping[str, Any]) -> str:
-    head = (f"{r['target']} on {r['topology']} ({r['chips']} chips), mesh (data, fsdp, tensor) = {tuple(r['mesh'])}: "
-            f"{_count(r['params'])} params, batch {r['batch_size']} x {r['seq_len']} tokens, "
-            f"scan_layers={r['scan_layers']}, remat={r['remat']}, prefill={r['prefill']}")
+    head = f"{r['target']} on {r['topology']} ({r['chips']} chips), mesh (data, fsdp, tensor) = {tuple(r['mesh'])}: "
+    if "remat" in r:
+        head += (f"{_count(r['params'])} params, batch {r['batch_size']} x {r['seq_len']} tokens, "
+                 f"scan_layers={r['scan_layers']}, remat={r['remat']}, prefill={r['prefill']}")
+    else:
+        arrays = ", ".join(f"{k} {'x'.join(map(str, shape))}" for k, shape in r["batch"].items())
+        head += f"{r['model']} of {_count(r['params'])} params, batch {arrays}"
     if not r["ok"]:
         return f"{head}\n  does not compile ({r['compile_s']:.1f} s): {r['error']}\n  suggestion: {r['suggestion']}"
-    gib = {k: v / 2**30 for k, v in r["bytes"].items()}
+    b = r["bytes"]
     hbm = "" if r["hbm_bytes"] is None else f" of {r['hbm_bytes'] / 2**30:.0f} GiB HBM"
     line = (f"{head}\n  compiled in {r['compile_s']:.1f} s (trace and lower {r['trace_s']:.1f} s); per chip "
-            f"{r['total_bytes'] / 2**30:.2f} GiB{hbm} (arguments {gib['argument']:.2f}, temporaries {gib['temp']:.2f}, "
-            f"outputs not aliased {gib['output'] - gib['alias']:.2f}, code {gib['code']:.2f}): "
+            f"{_size(r['total_bytes'])}{hbm} (arguments {_size(b['argument'])}, temporaries {_size(b['temp'])}, "
+            f"outputs not aliased {_size(b['output'] - b['alias'])}, code {_size(b['code'])}): "
             f"{'fits' if r['fits'] else 'does NOT fit'}")
     return line + ("" if r["fits"] else f"\n  suggestion: {r['suggestion']}")
 

@@ -60,3 +60,56 @@ def test_list_prints_the_targets(capsys, monkeypatch):
     monkeypatch.setattr(aot, "targets", lambda: {"lm_1b": "the 1B LM", "lm_arithmetic": "its step"})
     assert cli.main(["aot", "--list"]) == 0
     assert capsys.readouterr().out.split() == ["lm_1b", "the", "1B", "LM", "lm_arithmetic", "its", "step"]
+
+
+def _classifier_step(batch_size: int = 8):
+    """A non-LM step built the way a vision experiment calls `fit`: a model_fn, a loss and one batch."""
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+
+    from experiments import aot
+
+    def loss_fn(model, batch):
+        logits = model(batch["images"].reshape(batch["images"].shape[0], -1))
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean(), {}
+
+    batch = {"images": np.zeros((batch_size, 8, 8, 3), np.float32), "labels": np.zeros((batch_size,), np.int32)}
+    return aot.TrainStep.from_batch(batch, model={"in": 192, "out": 10}, loss_fn=loss_fn,
+                                    model_fn=lambda rngs: nnx.Linear(192, 10, rngs=rngs))
+
+
+def test_a_step_from_one_batch_has_its_shapes_and_checks_its_fields():
+    import jax.numpy as jnp
+
+    from experiments import aot
+    from models.transformer import TransformerConfig
+
+    step = _classifier_step()
+    assert not step.is_lm and step.batch_size == 8 and step.seq_len is None
+    assert step.batch_shapes() == {"images": ((8, 8, 8, 3), jnp.float32), "labels": ((8,), jnp.int32)}
+    lm = aot.TrainStep(model=TransformerConfig(vocab_size=16, d_model=8, num_layers=1, num_heads=2, num_kv_heads=2, d_ff=16),
+                       batch_size=4, seq_len=5)
+    assert lm.is_lm and lm.batch_shapes()["inputs"] == ((4, 5), jnp.int32)
+    with pytest.raises(ValueError, match="TrainStep needs model_fn for a model config of type dict"):
+        aot.TrainStep(model={}, batch_size=2, seq_len=3)
+    with pytest.raises(ValueError, match="exactly one of seq_len .* and example; got seq_len=None, example=None"):
+        aot.TrainStep(model=lm.model, batch_size=2)
+    with pytest.raises(ValueError, match=r"leading \(batch\) axis; got \{'a': 2, 'b': 3\}"):
+        aot.TrainStep.from_batch({"a": jnp.zeros((2, 1)), "b": jnp.zeros((3,))}, model=lm.model)
+
+
+@needs_libtpu
+def test_a_non_lm_step_compiles_for_v5e_and_lm_flags_are_refused_for_it(capsys, monkeypatch):
+    from algorithms import training
+    from experiments import aot
+
+    step = _classifier_step()
+    row = aot.compile_train_step(step, topology="v5e:2x2", mesh=training.MeshConfig(data=1, fsdp=-1, tensor=1))
+    assert row["ok"] and row["fits"] and row["params"] == 192 * 10 + 10 and row["model"] == "dict"
+    assert row["batch"] == {"images": [8, 8, 8, 3], "labels": [8]} and "remat" not in row
+    assert "dict of 2k params, batch images 8x8x8x3, labels 8" in aot._describe({"target": "clf", **row})
+    monkeypatch.setattr(aot, "_target_step", lambda *a: step)
+    assert cli.main(["aot", "clf", "--topology", "v5e:2x2", "--remat", "none"]) == 2
+    assert "--remat applies to decoder LM targets; clf's model is a dict" in capsys.readouterr().out
