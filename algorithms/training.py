@@ -50,7 +50,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from algorithms._loop import run_loop
-from models.transformer import DEFAULT_LOGICAL_AXIS_RULES
+from models.transformer import DEFAULT_LOGICAL_AXIS_RULES, _repr_hiding_defaults
 from primitives.validation import check_finite, check_token_ids
 
 __all__ = [
@@ -85,9 +85,12 @@ class OptimizerConfig:
       warmup_steps: linear warmup from 0 to the peak.
       total_steps: schedule length (cosine decays to end_lr_fraction * peak).
       end_lr_fraction: final learning rate as a fraction of the peak.
-      weight_decay: decoupled weight decay, applied to matrices only (ndim >= 2).
+      weight_decay: decoupled weight decay, applied to matrices only (ndim >= 2) unless
+        `decay_all_params`.
       b1, b2, eps: Adam moments.
       clip_norm: global gradient-norm clip; None disables clipping.
+      decay_all_params: decay every parameter (biases and norm scales too), as plain ``optax.adamw``
+        does; shown in the repr only when set, so existing fingerprints are unchanged.
     """
 
     learning_rate: float = 3e-4
@@ -99,6 +102,9 @@ class OptimizerConfig:
     b2: float = 0.95
     eps: float = 1e-8
     clip_norm: float | None = 1.0
+    decay_all_params: bool = dataclasses.field(default=False, repr=False)
+
+    __repr__ = _repr_hiding_defaults
 
     def __post_init__(self):
         for name in ("learning_rate", "end_lr_fraction", "weight_decay", "b1", "b2", "eps", "clip_norm"):
@@ -123,14 +129,14 @@ class OptimizerConfig:
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
-    """AdamW with the config's schedule, weight decay on matrices only, and clipping."""
+    """AdamW with the config's schedule, weight decay (on matrices only unless `decay_all_params`), and clipping."""
     adamw = optax.adamw(
         config.schedule(),
         b1=config.b1,
         b2=config.b2,
         eps=config.eps,
         weight_decay=config.weight_decay,
-        mask=lambda params: jax.tree.map(lambda x: x.ndim >= 2, params),
+        mask=None if config.decay_all_params else (lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)),
     )
     if config.clip_norm is None:
         return adamw

@@ -98,6 +98,28 @@ def test_schedule_warmup_then_cosine():
     assert float(sched(110)) == pytest.approx(0.1)
 
 
+def test_weight_decay_masks_matrices_unless_every_parameter_decays():
+    import optax
+
+    params = {"w": np.full((2, 3), 2.0), "b": np.full((3,), 2.0)}
+    grads = {"w": np.full((2, 3), 0.5), "b": np.full((3,), -0.5)}
+    for decay_all in (False, True):
+        cfg = T.OptimizerConfig(learning_rate=0.1, warmup_steps=1, total_steps=5, weight_decay=0.3,
+                                       clip_norm=None, decay_all_params=decay_all)
+        mask = None if decay_all else {"w": True, "b": False}
+        ref = optax.adamw(cfg.schedule(), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=0.3, mask=mask)
+        ours = T.make_optimizer(cfg)
+        ref_state, our_state = ref.init(params), ours.init(params)
+        for _ in range(3):
+            u_ref, ref_state = ref.update(grads, ref_state, params)
+            u_ours, our_state = ours.update(grads, our_state, params)
+            for k in params:
+                np.testing.assert_array_equal(u_ours[k], u_ref[k])
+    # the field shows in the repr (a run's fingerprint) only when set
+    assert "decay_all_params" not in repr(T.OptimizerConfig())
+    assert "decay_all_params=True" in repr(T.OptimizerConfig(decay_all_params=True))
+
+
 def test_mesh_shapes_and_errors():
     assert T.MeshConfig(data=-1, fsdp=2, tensor=2).shape(8) == (2, 2, 2)
     assert T.make_mesh(T.MeshConfig(data=-1)).shape["data"] == jax.device_count()
