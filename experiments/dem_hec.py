@@ -354,25 +354,73 @@ def _fingerprint(c: Config, arch: str) -> str:
     return json.dumps({"arch": arch, **fields}, sort_keys=True)
 
 
-def train_base(c: Config, arch: str, train, workdir: pathlib.Path) -> nnx.Module:
-    """The base model of `arch`, trained once (orbax checkpoint in workdir/ckpt/<arch>_base, resumed)."""
-    xtr, ytr = train
-    steps = c.cnn.train_steps if arch == "cnn" else c.vit.train_steps
-    opt = OptimizerConfig(learning_rate=_base_lr(c, arch), warmup_steps=max(1, steps // 10), total_steps=steps,
-                          weight_decay=c.weight_decay)
+def _base_steps(c: Config, arch: str) -> int:
+    return c.cnn.train_steps if arch == "cnn" else c.vit.train_steps
+
+
+def _base_optimizer(c: Config, arch: str) -> OptimizerConfig:
+    """The base training's AdamW schedule of `arch` (`train_base` and `base_train_step`)."""
+    steps = _base_steps(c, arch)
+    return OptimizerConfig(learning_rate=_base_lr(c, arch), warmup_steps=max(1, steps // 10), total_steps=steps,
+                           weight_decay=c.weight_decay)
+
+
+def _base_model(c: Config, arch: str, image_size: int):
+    """``(config, model_fn, loss_fn)`` of the base model of `arch` on square images of side `image_size`."""
     if arch == "cnn":
         cfg = cnn_config(c)
-        model_fn, loss_fn = (lambda rngs: cnn_lib.CNN(cfg, rngs=rngs)), cnn_lib.classification_loss
-    else:
-        cfg = vit_config(c, xtr.shape[1])
-        model_fn, loss_fn = (lambda rngs: vit_lib.ViT(cfg, rngs=rngs)), vit_lib.classification_loss
+        return cfg, (lambda rngs: cnn_lib.CNN(cfg, rngs=rngs)), cnn_lib.classification_loss
+    cfg = vit_config(c, image_size)
+    return cfg, (lambda rngs: vit_lib.ViT(cfg, rngs=rngs)), vit_lib.classification_loss
+
+
+def _base_batch_fn(c: Config, xtr: np.ndarray, ytr: np.ndarray):
+    """position -> `batch_size` random training images and labels (the base training's batches)."""
 
     def batch_fn(position: int) -> dict:
         rng = np.random.default_rng([c.seed, 7, int(position)])
         idx = rng.integers(0, xtr.shape[0], c.batch_size)
         return {"image": xtr[idx], "label": ytr[idx]}
 
-    out = fit(model_fn=model_fn, optimizer_config=opt, batch_fn=batch_fn, num_steps=steps, loss_fn=loss_fn,
+    return batch_fn
+
+
+def image_shape(c: Config) -> tuple[int, int, int]:
+    """One training image's (height, width, channels), known from the config without loading the data: digits
+    are 8 x 8 upsampled, CIFAR-10 32 x 32 x 3."""
+    size = 32 if c.data.dataset == "cifar10" else 8 * c.data.upsample
+    return size, size, _channels(c)
+
+
+def base_train_step(c: Config, arch: str):
+    """The base training step of `arch` that `train_base` takes (`experiments.aot.TrainStep`).
+
+    The batch is `_base_batch_fn`'s (float32 images, int32 labels, `batch_size` rows) drawn from one stand-in
+    image of the dataset's shape (`image_shape`), so CIFAR-10 need not be on this machine.
+    """
+    from experiments import aot
+
+    h, w, channels = image_shape(c)
+    stand_in = np.zeros((1, h, w, channels), np.float32), np.zeros((1,), np.int32)
+    cfg, model_fn, loss_fn = _base_model(c, arch, h)
+    return aot.TrainStep.from_batch(_base_batch_fn(c, *stand_in)(0), model=cfg, model_fn=model_fn, loss_fn=loss_fn,
+                                    optimizer=_base_optimizer(c, arch))
+
+
+def train_step(c: Config):
+    """The step ``python -m experiments aot dem_hec`` compiles: the base training of the model `run` trains
+    first, ``archs[0]`` (the CNN in every preset; `base_train_step(c, "vit")` is the ViT's). The fine-tuning
+    arms after it run `algorithms.robustness.dem_hec.fine_tune`'s own loop from these bases."""
+    return base_train_step(c, c.archs[0])
+
+
+def train_base(c: Config, arch: str, train, workdir: pathlib.Path) -> nnx.Module:
+    """The base model of `arch`, trained once (orbax checkpoint in workdir/ckpt/<arch>_base, resumed)."""
+    xtr, ytr = train
+    steps = _base_steps(c, arch)
+    _, model_fn, loss_fn = _base_model(c, arch, xtr.shape[1])
+    out = fit(model_fn=model_fn, optimizer_config=_base_optimizer(c, arch), batch_fn=_base_batch_fn(c, xtr, ytr),
+              num_steps=steps, loss_fn=loss_fn,
               workdir=workdir / "ckpt" / f"{arch}_base", seed=c.seed, log_every=max(1, steps // 5),
               progress=c.progress, desc=f"dem_hec base {arch}", fingerprint=_fingerprint(c, arch))
     return out.model()
@@ -773,4 +821,5 @@ EXPERIMENT = registry.Experiment(
                                                  severities=(1, 2, 3, 4, 5), batch_size=1000)),
     },
     run=run,
+    train_step=train_step,
 )

@@ -236,21 +236,53 @@ def _loss(model, batch):
     return loss, {"loss": loss}
 
 
-def train(c: Config, workdir: pathlib.Path) -> VLM:
-    """The VLM trained with full tokens (resumes from `workdir/train`)."""
-    pool = _data(c, c.data.train_pool, seed=1000 + c.seed)
+def _train_pool(c: Config) -> dict:
+    """The `train_pool` training scenes the batches are drawn from (their longest example sets the length)."""
+    return _data(c, c.data.train_pool, seed=1000 + c.seed)
+
+
+def _batch_fn(c: Config, pool: dict):
+    """Step i -> `train.batch_size` scenes of `pool`: tokens and one image and one audio clip per example."""
 
     def batch_fn(i: int) -> dict:
         idx = np.random.default_rng([c.seed, i]).integers(0, c.data.train_pool, c.train.batch_size)
         return {"inputs": pool["inputs"][idx], "targets": pool["targets"][idx], "loss_mask": pool["loss_mask"][idx],
                 "images": pool["images"][idx][:, None], "audio": pool["audio"][idx][:, None]}
 
+    return batch_fn
+
+
+def _optimizer(c: Config) -> OptimizerConfig:
+    """The full-token training's AdamW schedule (`train` and `train_step`)."""
+    return OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=min(50, c.train.steps // 5),
+                           total_steps=c.train.steps, weight_decay=0.01)
+
+
+def _model_fn(cfg: VLMConfig):
+    """Builds the VLM of `cfg` from `nnx.Rngs` (`train` and `train_step`)."""
+    return lambda rngs: VLM(cfg, rngs=rngs)
+
+
+def train_step(c: Config):
+    """The full-token VLM step `train` takes, for ``python -m experiments aot prim`` (`experiments.aot`).
+
+    Its batch is the run's first batch, so the training pool is generated (seconds at the paper preset): the
+    token length is the pool's longest example.
+    """
+    from experiments import aot
+
     cfg = vlm_config(c)
-    opt = OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=min(50, c.train.steps // 5),
-                          total_steps=c.train.steps, weight_decay=0.01)
+    return aot.TrainStep.from_batch(_batch_fn(c, _train_pool(c))(0), model=cfg, model_fn=_model_fn(cfg),
+                                    loss_fn=_loss, optimizer=_optimizer(c))
+
+
+def train(c: Config, workdir: pathlib.Path) -> VLM:
+    """The VLM trained with full tokens (resumes from `workdir/train`)."""
+    batch_fn = _batch_fn(c, _train_pool(c))
+    cfg = vlm_config(c)
     fp = repr((cfg, c.data.train_pool, c.train.batch_size, c.train.steps, c.train.learning_rate, c.data.kinds,
                c.data.max_objects, c.seed))
-    res = fit(model_fn=lambda rngs: VLM(cfg, rngs=rngs), optimizer_config=opt, batch_fn=batch_fn,
+    res = fit(model_fn=_model_fn(cfg), optimizer_config=_optimizer(c), batch_fn=batch_fn,
               num_steps=c.train.steps, workdir=epath.Path(workdir) / "train", loss_fn=_loss, seed=c.seed,
               checkpoint_every=max(c.train.steps, 1), log_every=max(1, c.train.steps // 5), progress=c.progress,
               desc="prim: train VLM", fingerprint=fp)
@@ -574,4 +606,5 @@ EXPERIMENT = registry.Experiment(
                                 pruning=PruningSection(fractions=(1.0, 0.75, 0.5, 0.25, 0.125, 0.0625))),
     },
     run=run,
+    train_step=train_step,
 )

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -187,12 +187,33 @@ def _model_cfg(c: Config) -> VideoConfig:
                        num_layers=c.model.num_layers)
 
 
+def _optimizer(c: Config) -> training.OptimizerConfig:
+    """The next-frame training's AdamW schedule (`train_model` and `train_step`)."""
+    return training.OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=max(1, c.train.steps // 10),
+                                    total_steps=max(1, c.train.steps), weight_decay=0.0)
+
+
+def _model_fn(c: Config) -> Callable[[nnx.Rngs], VideoTransformer]:
+    """Builds the video model from `nnx.Rngs` (`train_model` and `train_step`)."""
+    return lambda rngs: VideoTransformer(_model_cfg(c), rngs=rngs)
+
+
+def _batch_fn(c: Config) -> Callable[[int], dict]:
+    """Training batch `pos`: ``patches`` [batch_size, train.frames, tokens, patch pixels] of fresh videos."""
+    return lambda pos: {"patches": _videos(c, 10_000 + pos, c.train.batch_size, c.train.frames)}
+
+
+def train_step(c: Config):
+    """The next-frame step `train_model` takes, for ``python -m experiments aot qvg`` (`experiments.aot`)."""
+    from experiments import aot
+
+    return aot.TrainStep.from_batch(_batch_fn(c)(0), model=_model_cfg(c), model_fn=_model_fn(c),
+                                    loss_fn=next_frame_loss, optimizer=_optimizer(c))
+
+
 def train_model(c: Config, workdir: pathlib.Path):
-    opt = training.OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=max(1, c.train.steps // 10),
-                                   total_steps=max(1, c.train.steps), weight_decay=0.0)
-    batch_fn = lambda pos: {"patches": _videos(c, 10_000 + pos, c.train.batch_size, c.train.frames)}
-    res = training.fit(model_fn=lambda rngs: VideoTransformer(_model_cfg(c), rngs=rngs), optimizer_config=opt,
-                       batch_fn=batch_fn, num_steps=max(1, c.train.steps), loss_fn=next_frame_loss,
+    res = training.fit(model_fn=_model_fn(c), optimizer_config=_optimizer(c),
+                       batch_fn=_batch_fn(c), num_steps=max(1, c.train.steps), loss_fn=next_frame_loss,
                        workdir=(workdir / "train") if c.checkpoint else None, seed=c.seed,
                        log_every=max(1, c.train.steps // 10), progress=c.progress, desc="qvg video model",
                        fingerprint=_fingerprint(c))
@@ -516,4 +537,5 @@ EXPERIMENT = registry.Experiment(
             quant=QuantSection(num_centroids=256)),
     },
     run=run,
+    train_step=train_step,
 )

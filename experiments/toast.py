@@ -287,12 +287,43 @@ _TRAIN_FIELDS = ("dataset", "shapes_size", "shapes_train", "shapes_test", "upsam
 _FT_FIELDS = _TRAIN_FIELDS + ("finetune_steps", "finetune_lr")
 
 
+def _optimizer(c: Config) -> OptimizerConfig:
+    """The dense training's AdamW schedule (`train_dense` and `train_step`)."""
+    return OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=max(1, c.train.steps // 10),
+                           total_steps=c.train.steps, weight_decay=c.train.weight_decay)
+
+
+def _model_fn(cfg: ViTConfig):
+    """Builds the dense ViT of `cfg` from `nnx.Rngs` (`train_dense` and `train_step`)."""
+    return lambda rngs: ViT(cfg, rngs=rngs)
+
+
+def image_shape(c: Config) -> tuple[int, int, int]:
+    """One training image's (height, width, channels), known from the config without loading the data: digits
+    are 8 x 8 upsampled, shapes ``shapes_size`` square, CIFAR-10 32 x 32 x 3."""
+    d = c.data
+    size = {"digits": 8 * d.upsample, "shapes": d.shapes_size, "cifar10": 32}[d.dataset]
+    return size, size, 3 if d.dataset == "cifar10" else 1
+
+
+def train_step(c: Config):
+    """The dense ViT's step `train_dense` takes, for ``python -m experiments aot toast`` (`experiments.aot`).
+
+    The batch is `_batch_fn`'s (float32 images, int32 labels, ``train.batch_size`` rows) drawn from one
+    stand-in image of the dataset's shape (`image_shape`), so CIFAR-10 need not be on this machine.
+    """
+    from experiments import aot
+
+    h, w, channels = image_shape(c)
+    stand_in = np.zeros((1, h, w, channels), np.float32), np.zeros((1,), np.int32)
+    cfg = vit_config(c, h)
+    return aot.TrainStep.from_batch(_batch_fn(c, *stand_in, offset=0)(0), model=cfg, model_fn=_model_fn(cfg),
+                                    loss_fn=classification_loss, optimizer=_optimizer(c))
+
+
 def train_dense(c: Config, train, image_size: int, workdir: pathlib.Path):
     """Trains the dense ViT through `fit`, checkpointing in `workdir/train` (a rerun resumes or reuses it)."""
-    opt = OptimizerConfig(learning_rate=c.train.learning_rate, warmup_steps=max(1, c.train.steps // 10),
-                          total_steps=c.train.steps, weight_decay=c.train.weight_decay)
-    cfg = vit_config(c, image_size)
-    return fit(model_fn=lambda rngs: ViT(cfg, rngs=rngs), optimizer_config=opt,
+    return fit(model_fn=_model_fn(vit_config(c, image_size)), optimizer_config=_optimizer(c),
                batch_fn=_batch_fn(c, *train, offset=0), num_steps=c.train.steps, loss_fn=classification_loss,
                workdir=workdir / "train", seed=c.seed, log_every=max(1, c.train.steps // 10), progress=c.progress,
                desc="toast dense ViT", fingerprint=_fingerprint(c, *_TRAIN_FIELDS))
@@ -788,4 +819,5 @@ EXPERIMENT = registry.Experiment(
                                 tcs=TCSSection(last_blocks=3, sample_ratio=0.05, calibration_size=512)),
     },
     run=run,
+    train_step=train_step,
 )
