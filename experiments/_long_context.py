@@ -98,14 +98,42 @@ def _tune_batch(task: SpanCopyTask, tc: TuneConfig, position: int) -> dict[str, 
     return {"inputs": inputs, "at": np.ascontiguousarray(at, np.int32), "targets": p["answers"]}
 
 
+def tune_spec(vocab_size: int, tc: TuneConfig) -> InductionSpec:
+    """The constructed LM the ``tuned`` workload perturbs and fine-tunes."""
+    return InductionSpec(vocab_size=vocab_size, record_size=tc.record_size)
+
+
+def tune_optimizer(tc: TuneConfig) -> training.OptimizerConfig:
+    """The fine-tuning's optimizer: AdamW, warmup over a tenth of the steps, then cosine decay."""
+    return training.OptimizerConfig(learning_rate=tc.learning_rate, warmup_steps=max(1, tc.steps // 10),
+                                    total_steps=tc.steps)
+
+
+def _tune_task(spec: InductionSpec, tc: TuneConfig) -> SpanCopyTask:
+    return SpanCopyTask(vocab_size=spec.vocab_size, record_size=spec.record_size, seed=tc.seed + 1)
+
+
+def tune_step(vocab_size: int, tc: TuneConfig):
+    """The ``tuned`` workload's fine-tuning step (`tuned_model`'s `fit` step) as an `experiments.aot.TrainStep`:
+    the constructed LM's `TransformerConfig` (the perturbation changes values, not shapes), `tune_optimizer`,
+    `answer_loss` and the global batch of the first fine-tuning step (`_tune_batch`)."""
+    from experiments import aot
+    from models import Transformer
+
+    spec = tune_spec(vocab_size, tc)
+    cfg = spec.config()
+    return aot.TrainStep.from_batch(_tune_batch(_tune_task(spec, tc), tc, 0), model=cfg,
+                                    model_fn=lambda rngs: Transformer(cfg, rngs=rngs), loss_fn=answer_loss,
+                                    optimizer=tune_optimizer(tc))
+
+
 def tuned_model(spec: InductionSpec, tc: TuneConfig, workdir: pathlib.Path | None, *, progress: bool = False):
     """(perturbed-then-fine-tuned LM, fit history); resumes from ``workdir/tuned-<fingerprint>``."""
     base = induction_lm(spec)
     start = perturbed(base, jax.random.key(tc.seed), qk_scale=tc.qk_scale, noise=tc.noise)
     tag = f"{fingerprint(start)}-{tc.record_size}-{tc.steps}-{tc.batch_size}-{tc.context_len}-{tc.answer_len}-{tc.learning_rate:g}"
-    task = SpanCopyTask(vocab_size=spec.vocab_size, record_size=spec.record_size, seed=tc.seed + 1)
-    opt = training.OptimizerConfig(learning_rate=tc.learning_rate, warmup_steps=max(1, tc.steps // 10),
-                                   total_steps=tc.steps)
+    task = _tune_task(spec, tc)
+    opt = tune_optimizer(tc)
     fit = training.fit(model_fn=lambda rngs: start, optimizer_config=opt,
                        batch_fn=lambda pos: _tune_batch(task, tc, pos), num_steps=tc.steps,
                        workdir=None if workdir is None else pathlib.Path(workdir) / f"tuned-{tag}",
@@ -129,7 +157,7 @@ def build(names, *, vocab_size: int, record_size: int, tune: TuneConfig, workdir
             task = SpanCopyTask(vocab_size=vocab_size, record_size=record_size)
             desc = f"constructed LM with a record head, records of {record_size} tokens"
         else:
-            spec = InductionSpec(vocab_size=vocab_size, record_size=tune.record_size)
+            spec = tune_spec(vocab_size, tune)
             model, history = tuned_model(spec, tune, workdir, progress=progress)
             task = SpanCopyTask(vocab_size=vocab_size, record_size=tune.record_size)
             desc = (f"{'record' if tune.record_size else 'copy'} LM perturbed (qk x{tune.qk_scale:g}, noise {tune.noise:g}) and fine-tuned "

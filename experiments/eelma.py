@@ -45,6 +45,7 @@ import pathlib
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from etils import epath
 from scipy import stats
@@ -214,6 +215,38 @@ def _pivotal(rows, actions: tuple[str, str], min_count: int) -> dict:
     return out
 
 
+def _tables(c: Config, env: te.TextEnv):
+    """The hashed n-gram embeddings of the env's state and action texts ``([n, D], [m, D])``."""
+    return (eelma.hash_embed(env.state_texts, dim=c.model.embed_dim, seed=c.seed),
+            eelma.hash_embed(env.action_texts, dim=c.model.embed_dim, seed=c.seed + 1))
+
+
+def _critic_step_loss(model, batch, *, state_table, action_table):
+    """`eelma.eelma_loss` of one agent's batch of triple ids ``{"s", "a", "f"}`` over the env's tables."""
+    return eelma.eelma_loss(model, state_table, action_table, batch["s"], batch["a"], batch["f"])
+
+
+def train_step(c: Config):
+    """One agent's critic step of `eelma.train_critics` as `_run_env` calls it, for ``python -m experiments aot
+    eelma`` (`experiments.aot`): an `eelma.EmpowermentCritic` (the agents' critics are independent, vmapped
+    together), `eelma.eelma_loss` over the env's embedding tables (the env of ``c.envs`` with the most state texts,
+    the largest step), ``train.batch_size`` triple ids drawn in the step, Adam from `eelma.optimizer_config`."""
+    import functools
+
+    from experiments import aot
+
+    env = max((_make_env(n) for n in c.envs), key=lambda e: len(e.state_texts))
+    state_table, action_table = _tables(c, env)
+    ids = np.zeros((c.train.batch_size,), np.int32)
+    dims = {"state_dim": state_table.shape[1], "action_dim": action_table.shape[1], "hidden": c.model.hidden,
+            "proj_dim": c.model.proj_dim, "out_dim": c.model.out_dim}
+    return aot.TrainStep.from_batch(
+        {"s": ids, "a": ids, "f": ids}, model=dims, model_fn=lambda rngs: eelma.EmpowermentCritic(**dims, rngs=rngs),
+        loss_fn=functools.partial(_critic_step_loss, state_table=jnp.asarray(state_table),
+                                  action_table=jnp.asarray(action_table)),
+        optimizer=eelma.optimizer_config(c.train.learning_rate, c.train.num_steps))
+
+
 def _run_env(c: Config, name: str, index: int, workdir: epath.Path) -> dict:
     cache = workdir / "cache" / f"{name}_{_cache_key(c, name)}.json"
     if cache.exists():
@@ -221,8 +254,7 @@ def _run_env(c: Config, name: str, index: int, workdir: epath.Path) -> dict:
     env = _make_env(name)
     agents = te.graded_agents(env, c.agents.epsilons, c.agents.lazy, c.agents.stuck)
     key = jax.random.fold_in(jax.random.key(c.seed), index)
-    state_table = eelma.hash_embed(env.state_texts, dim=c.model.embed_dim, seed=c.seed)
-    action_table = eelma.hash_embed(env.action_texts, dim=c.model.embed_dim, seed=c.seed + 1)
+    state_table, action_table = _tables(c, env)
 
     rows, tr, ev = [], [], []
     for i, agent in enumerate(agents):
@@ -449,4 +481,5 @@ EXPERIMENT = registry.Experiment(
             model=ModelSection(hidden=256), train=TrainSection(num_steps=10_000), eval=EvalSection(bootstrap=10_000)),
     },
     run=run,
+    train_step=train_step,
 )

@@ -519,6 +519,20 @@ def headline(metrics: Mapping[str, Any]) -> str:
     return "; ".join(out)
 
 
+def train_step(c: Config):
+    """The ``tuned`` workload's fine-tuning step (`experiments._long_context.tuned_model`, shared with
+    vegas), for ``python -m experiments aot ffd`` (`experiments.aot`); the other
+    workloads are constructed, not trained.
+
+    Raises:
+      ValueError: the preset's workloads (lm.workloads) leave out ``tuned``, so `run` trains nothing.
+    """
+    if "tuned" not in c.lm.workloads:
+        raise ValueError(f"ffd trains nothing with lm.workloads={c.lm.workloads!r} (only the 'tuned' workload is "
+                         "fine-tuned; the others are constructed); pass a preset with it, e.g. --preset paper")
+    return lc.tune_step(c.lm.vocab_size, c.lm.tune)
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     workdir = epath.Path(workdir)
     sy, lm = c.synth, c.lm
@@ -617,4 +631,5 @@ EXPERIMENT = registry.Experiment(
                                              page_size=128, tune=dataclasses.replace(lc.TuneConfig(), steps=400))),
     },
     run=run,
+    train_step=train_step,
 )

@@ -200,8 +200,9 @@ def _digits():
     return (d.images / 16.0).astype(np.float32), d.target.astype(np.int64)
 
 
-def _make_seed(c: Config, s: int, images, y) -> dict:
-    """Splits, the long-tailed pool and the frozen FM of one seed (numpy arrays)."""
+def _splits(c: Config, s: int, y):
+    """One seed's test and source indices, imbalance ranks, class counts and long-tailed pool (and the seed's
+    generator, which `_make_seed` goes on drawing from)."""
     rng = np.random.default_rng([c.seed, s, 1])
     by_class = [rng.permutation(np.flatnonzero(y == k)) for k in range(K)]
     n_max = min(len(ix) for ix in by_class) - c.data.test_per_class - c.fm.source_per_class
@@ -216,6 +217,12 @@ def _make_seed(c: Config, s: int, images, y) -> dict:
         counts[k] = max(2, int(round(n_max * c.data.imbalance_ratio ** (-r / (K - 1)))))
         pool.append(by_class[k][c.data.test_per_class + c.fm.source_per_class:][:counts[k]])
     pool = rng.permutation(np.concatenate(pool))
+    return rng, test, src, rank, counts, pool
+
+
+def _make_seed(c: Config, s: int, images, y) -> dict:
+    """Splits, the long-tailed pool and the frozen FM of one seed (numpy arrays)."""
+    rng, test, src, rank, counts, pool = _splits(c, s, y)
 
     # The frozen FM: trained on the source images in a shifted domain (rotation + pixel noise).
     angles = c.fm.rotation_deg * rng.choice([-1.0, 1.0], size=src.size)
@@ -370,6 +377,33 @@ def headline(metrics: Mapping[str, Any]) -> str:
     parts = [f"{float(k):g}: {v['saving'] * 100:.0f}% (vs {v['best_baseline']})" for k, v in per.items()]
     return ("annotation saving at matched balanced accuracy vs best baseline, by noise rate " + "; ".join(parts)
             + f" (digits long-tail 1:{metrics['imbalance_ratio']:g}, {metrics['seeds']} seeds)")
+
+
+def train_step(c: Config):
+    """The small learner's step `run` takes every round (`learner.fit_heads` in `_run_noise`), for
+    ``python -m experiments aot fm_active_learning`` (`experiments.aot`): one head (`learner.SmallHead` of
+    ``learner.hidden``; the R runs are independent heads vmapped together) on the full pool of a seed (unlabeled
+    items weigh 0), the loss `learner.head_loss` of class-balanced `learner.sample_weights`, Adam from
+    `learner.optimizer_config`. The pool has the same size at every seed."""
+    import functools
+
+    from experiments import aot
+
+    images, y = _digits()
+    n, d = _splits(c, 0, y)[-1].size, images[0].size
+    batch = {"x": np.zeros((n, d), np.float32), "labels": np.zeros((n,), np.int32),
+             "weights": np.zeros((n,), np.float32)}
+    return aot.TrainStep.from_batch(
+        batch, model={"in_dim": d, "num_classes": K, "hidden": c.learner.hidden},
+        model_fn=lambda rngs: learner.SmallHead(d, K, hidden=c.learner.hidden, rngs=rngs),
+        loss_fn=functools.partial(_head_step_loss, weight_decay=c.learner.weight_decay),
+        optimizer=learner.optimizer_config(c.learner.lr, c.learner.steps))
+
+
+def _head_step_loss(model, batch, *, weight_decay: float):
+    """`learner.head_loss` on ``{"x", "labels", "weights"}`` with `fit_heads`'s (default, class-balanced) weights."""
+    w = learner.sample_weights(batch["labels"], batch["weights"], balanced=True, num_classes=K)
+    return learner.head_loss(model, batch["x"], batch["labels"], w, weight_decay=weight_decay), {}
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
@@ -538,4 +572,5 @@ EXPERIMENT = registry.Experiment(
                                 noise=NoiseSection(rates=(0.0, 0.1, 0.2))),
     },
     run=run,
+    train_step=train_step,
 )

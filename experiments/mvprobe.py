@@ -139,6 +139,34 @@ def _zoo_config(c: Config) -> zoo_lib.ZooConfig:
                              shared_init=z.shared_init, pretrain_steps=z.pretrain_steps, seed=c.seed)
 
 
+def _member_step_loss(model, batch):
+    """`zoo_lib.member_loss` of a member's minibatch ``{"x", "labels", "weights"}``."""
+    return zoo_lib.member_loss(model, batch["x"], batch["labels"], batch["weights"]), {}
+
+
+def train_step(c: Config):
+    """The zoo member's step (`zoo_lib.build_zoo` trains the zoo's ``zoo.num_models`` MLPs, vmapped in chunks,
+    with this step), for ``python -m experiments aot mvprobe`` (`experiments.aot`): a `zoo_lib.ZooMLP`, its
+    weighted cross-entropy `zoo_lib.member_loss` on ``zoo.batch_size`` images of its rotation, Adam at member 0's
+    learning rate (each member draws its own from ``lr_range``).
+
+    The probes' training (`mv.train_probe`) is not the hooked step: its Adam with coupled L2 decay
+    (``optax.add_decayed_weights`` before ``optax.adam``) is not a `training.OptimizerConfig` (decoupled AdamW).
+    """
+    from experiments import aot
+
+    zc = _zoo_config(c)
+    (xtr, _), _ = load_digits(seed=c.seed)
+    d_in = int(np.prod(xtr.shape[1:]))
+    sizes = (d_in, *zc.hidden, zc.num_classes)
+    b = zc.batch_size
+    batch = {"x": np.zeros((b, d_in), np.float32), "labels": np.zeros((b,), np.int32),
+             "weights": np.zeros((b,), np.float32)}
+    lr = float(zoo_lib.sample_variants(zc)["lr"][0])
+    return aot.TrainStep.from_batch(batch, model={"sizes": sizes}, model_fn=lambda rngs: zoo_lib.ZooMLP(sizes, rngs=rngs),
+                                    loss_fn=_member_step_loss, optimizer=zoo_lib.member_optimizer_config(lr, zc.steps))
+
+
 def _targets(zoo: zoo_lib.Zoo, task: str):
     if task == "classes":
         return zoo.classes.astype(np.float32), "bce", zoo.classes.shape[1]
@@ -324,4 +352,5 @@ EXPERIMENT = registry.Experiment(
             train=TrainSection(epochs=3000, learning_rate=3e-4, batch_size=128), seeds=5),
     },
     run=run,
+    train_step=train_step,
 )

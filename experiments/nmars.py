@@ -254,6 +254,38 @@ def _opt_config(steps: int, lr: float) -> training.OptimizerConfig:
                                     weight_decay=0.01)
 
 
+def _sft_optimizer(c: Config) -> training.OptimizerConfig:
+    """The optimizer of the SFT arms A-C (N-MARS masked SFT is arm C), continued from the warm start."""
+    return _opt_config(c.train.sft_steps, c.train.sft_lr)
+
+
+def _widths(c: Config, seq_len: int, prompt_len: int, answer_len: int) -> tuple[int, int]:
+    """(warm start's, arms') batch widths in tokens (``tokens``; ``inputs`` is one shorter)."""
+    aug_len = seq_len + 2 * max(c.augment.deviation_lengths)
+    base_len = aug_len  # the warm start's batch width (the quick preset's, kept for its checkpoints)
+    if c.augment.kind == "diff":
+        aug_len = max(aug_len, _diff_width(c, prompt_len, answer_len))
+        base_len = seq_len
+    return base_len, aug_len
+
+
+def train_step(c: Config):
+    """The masked-SFT step of the arms (N-MARS mSFT, arm C; A and B take the same compiled step), for
+    ``python -m experiments aot nmars`` (`experiments.aot`).
+
+    The model is the warm start's LM with the <UNDO> row added to the vocabulary, the batch ``c.train.batch``
+    augmented traces of the arms' width, the loss `fit`'s masked next-token cross-entropy (the mask drops the
+    error tokens). The warm-start step before it is the same LM without the <UNDO> row on a batch no wider;
+    the GRPO steps after it (arm D) are not `make_train_step` steps.
+    """
+    from experiments import aot
+
+    task, prompt_len, answer_len, _ = _task(c)
+    _, aug_len = _widths(c, task.max_seq_len, prompt_len, answer_len)
+    return aot.TrainStep(model=nmars.extend_config(c.model.transformer(task.tokenizer().vocab_size)),
+                         optimizer=_sft_optimizer(c), batch_size=c.train.batch, seq_len=aug_len - 1)
+
+
 def _continue(c, name, step_fn, optimizer, params, batch_fn, steps, workdir, fingerprint) -> dict:
     """SFT continued from `params` with a shared compiled `step_fn` (the arms A/B/C share one compilation).
 
@@ -324,11 +356,7 @@ def _run_seed(c: Config, workdir: epath.Path) -> dict:
     task, prompt_len, answer_len, answer_chars = _task(c)
     tok = task.tokenizer()
     seq_len = task.max_seq_len
-    aug_len = seq_len + 2 * max(c.augment.deviation_lengths)
-    base_len = aug_len  # the warm start's batch width (the quick preset's, kept for its checkpoints)
-    if c.augment.kind == "diff":
-        aug_len = max(aug_len, _diff_width(c, prompt_len, answer_len))
-        base_len = seq_len
+    base_len, aug_len = _widths(c, seq_len, prompt_len, answer_len)
     max_new = answer_len + 1 + c.decode.extra_new_tokens
     model_cfg = c.model.transformer(tok.vocab_size)
     ext_cfg = nmars.extend_config(model_cfg)
@@ -421,7 +449,7 @@ def _run_seed(c: Config, workdir: epath.Path) -> dict:
     # A, B and C continue in the extended vocabulary with one shared compiled step. A never sees an
     # <UNDO> target and is decoded with p(UNDO)=0, which is exactly plain SFT decoding (tested).
     ext_graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(ext_cfg, rngs=nnx.Rngs(0))), nnx.Param)
-    opt_cfg = _opt_config(c.train.sft_steps, c.train.sft_lr)
+    opt_cfg = _sft_optimizer(c)
     optimizer = training.make_optimizer(opt_cfg)
     step_fn = training.make_train_step(ext_graphdef, optimizer)
     arm_data = {"A_sft": clean_fn, "B_aug_unmasked": aug_fn(False), "C_msft": aug_fn(True)}
@@ -749,4 +777,5 @@ EXPERIMENT = registry.Experiment(
                                 rl=RLSection(steps=200, prompts=64), eval=EvalSection(problems=4096, chunk=1024)),
     },
     run=run,
+    train_step=train_step,
 )

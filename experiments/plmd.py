@@ -60,6 +60,7 @@ import time
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
@@ -174,15 +175,55 @@ def _paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d)))
 
 
+def _map_kwargs(c: Config) -> dict[str, Any]:
+    """The floor-plan generator's settings (`fp.make_dataset`)."""
+    return dict(n=c.data.grid, num_rooms=c.data.num_rooms, radius=c.data.radius, walk_steps=c.data.walk_steps)
+
+
+def _plmd_config(c: Config) -> plmd_lib.PLMDConfig:
+    return plmd_lib.PLMDConfig(num_labels=fp.NUM_LABELS, wall_label=fp.WALL, T=c.model.T, max_sigma=c.model.max_sigma,
+                               channels=c.model.channels, u_min=c.model.u_min, u_max=c.model.u_max, lr=c.train.lr)
+
+
+def _step_loss(models: plmd_lib.PLMDModels, batch: Mapping[str, Any], *, config: plmd_lib.PLMDConfig):
+    """`plmd_lib.loss_fn` of one training step with its PRNG key carried in the batch.
+
+    `plmd_lib.train`'s step takes ``(labels, known)`` of ``batch_size`` maps and one ``rbg`` key per step; a
+    `experiments.aot.TrainStep` batch holds only arrays with a batch axis, so the key's raw data rides along as
+    ``batch["key"]`` ``[batch_size, 4]`` uint32 and row 0 is the step's key.
+    """
+    key = jax.random.wrap_key_data(batch["key"][0], impl="rbg")
+    return plmd_lib.loss_fn(models, {"labels": batch["labels"], "known": batch["known"]}, key, config, config.schedule)
+
+
+def train_step(c: Config):
+    """The denoisers' step `run` takes (`plmd_lib.train`), for ``python -m experiments aot plmd`` (`experiments.aot`):
+    the three U-Nets (`plmd_lib.PLMDModels`), `plmd_lib.loss_fn`, Adam from `plmd_lib.optimizer_config`, and a batch
+    of ``train.batch_size`` maps as `plmd_lib.train` feeds them (plus the step's key, see `_step_loss`)."""
+    import functools
+
+    from experiments import aot
+
+    cfg = _plmd_config(c)
+    maps = fp.make_dataset(c.seed * 1000 + 1, 1, **_map_kwargs(c))  # one map: the shapes and dtypes of the train set
+    b = c.train.batch_size
+    key_data = jax.random.key_data(jax.random.key(c.seed, impl="rbg"))
+    batch = {"labels": jnp.zeros((b, *maps["labels"].shape[1:]), jnp.asarray(maps["labels"]).dtype),
+             "known": jnp.zeros((b, *maps["known"].shape[1:]), jnp.asarray(maps["known"]).dtype),
+             "key": jnp.zeros((b, *key_data.shape), key_data.dtype)}
+    return aot.TrainStep.from_batch(batch, model=cfg, model_fn=lambda rngs: plmd_lib.PLMDModels(cfg, rngs=rngs),
+                                    loss_fn=functools.partial(_step_loss, config=cfg),
+                                    optimizer=plmd_lib.optimizer_config(cfg, steps=c.train.steps))
+
+
 def run(c: Config, workdir) -> dict:
     workdir = epath.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    kw = dict(n=c.data.grid, num_rooms=c.data.num_rooms, radius=c.data.radius, walk_steps=c.data.walk_steps)
+    kw = _map_kwargs(c)
     train = fp.make_dataset(c.seed * 1000 + 1, c.data.num_train, **kw)
     test = fp.make_dataset(c.seed * 1000 + 2, c.data.num_test, **kw)
-    cfg = plmd_lib.PLMDConfig(num_labels=fp.NUM_LABELS, wall_label=fp.WALL, T=c.model.T, max_sigma=c.model.max_sigma,
-                              channels=c.model.channels, u_min=c.model.u_min, u_max=c.model.u_max, lr=c.train.lr)
+    cfg = _plmd_config(c)
     models = plmd_lib.init_models(cfg, seed=c.seed)
     history = plmd_lib.train(models, train, cfg, steps=c.train.steps, batch_size=c.train.batch_size, seed=c.seed,
                              progress=c.progress)
@@ -392,4 +433,5 @@ EXPERIMENT = registry.Experiment(
                                 nav=NavSection(max_steps=100)),
     },
     run=run,
+    train_step=train_step,
 )

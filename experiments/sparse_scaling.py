@@ -253,6 +253,38 @@ def _model_config(c: Config, d_model: int) -> TransformerConfig:
                              head_dim=c.model.head_dim)
 
 
+def _num_steps(c: Config) -> tuple[int, int]:
+    """(steps per epoch, steps of every grid run): whole batches of the U unique sequences, `max_epochs` times."""
+    steps_per_epoch = max(1, c.data.unique_sequences // c.train.batch_size)
+    return steps_per_epoch, steps_per_epoch * c.train.max_epochs
+
+
+def _optimizer(c: Config) -> training.OptimizerConfig:
+    """Every grid run's optimizer: Adam at a constant rate after warmup, no weight decay, no clipping (the paper's)."""
+    _, num_steps = _num_steps(c)
+    return training.OptimizerConfig(learning_rate=c.train.learning_rate,
+                                    warmup_steps=min(c.train.warmup_steps, num_steps),
+                                    total_steps=num_steps, end_lr_fraction=1.0, weight_decay=0.0, clip_norm=None)
+
+
+def train_step(c: Config):
+    """The grid's largest run's step (the widest model; every density trains the same dense-shaped step), for
+    ``python -m experiments aot sparse_scaling`` (`experiments.aot`).
+
+    SET keeps the sparse matrices dense-shaped: the parameters hold zeros at the inactive entries, Adam's
+    moments are dense too, and a boolean mask per matrix is applied to the gradients before the optimizer
+    and to the parameters after it (`ds.make_dst_functions`). This step compiles the model, optimizer, loss
+    and batch of that run; the masks are not an argument of `aot`'s train state, so the compiled step leaves
+    out their bytes (a bool array shaped like every parameter leaf, all True for the dense ones: one byte per
+    parameter) and the two elementwise selects. The prune/regrow update every ``train.update_frequency`` steps
+    is a separate program.
+    """
+    from experiments import aot
+
+    return aot.TrainStep(model=_model_config(c, max(c.model.d_models)), optimizer=_optimizer(c),
+                         batch_size=c.train.batch_size, seq_len=c.data.seq_len)
+
+
 def _eval_steps(c: Config, steps_per_epoch: int) -> dict[int, float]:
     """step -> epochs completed at that step (fractions of epoch 1, then every epoch)."""
     out = {}
@@ -278,9 +310,8 @@ def _train_grid(c: Config, workdir: pathlib.Path) -> tuple[list[dict], dict]:
     train = sample_sequences(c.seed + 1, table, c.data.unique_sequences, c.data.seq_len + 1, c.data.markov_order)
     val = sample_sequences(c.seed + 2, table, c.data.val_sequences, c.data.seq_len + 1, c.data.markov_order)
     floor = entropy_rate(table, c.data.markov_order)
-    steps_per_epoch = max(1, c.data.unique_sequences // c.train.batch_size)
+    steps_per_epoch, num_steps = _num_steps(c)
     unique_tokens = steps_per_epoch * c.train.batch_size * c.data.seq_len  # targets actually seen per epoch
-    num_steps = steps_per_epoch * c.train.max_epochs
     evals_at = _eval_steps(c, steps_per_epoch)
     val_batch = {"inputs": val[:, :-1], "targets": val[:, 1:], "loss_mask": np.ones(val[:, 1:].shape, np.float32)}
 
@@ -290,9 +321,7 @@ def _train_grid(c: Config, workdir: pathlib.Path) -> tuple[list[dict], dict]:
         rows = train[perm[i * c.train.batch_size:(i + 1) * c.train.batch_size]]
         return {"inputs": rows[:, :-1], "targets": rows[:, 1:], "loss_mask": np.ones(rows[:, 1:].shape, np.float32)}
 
-    opt_cfg = training.OptimizerConfig(learning_rate=c.train.learning_rate,
-                                       warmup_steps=min(c.train.warmup_steps, num_steps),
-                                       total_steps=num_steps, end_lr_fraction=1.0, weight_decay=0.0, clip_norm=None)
+    opt_cfg = _optimizer(c)
     runs, cache_dir = [], workdir / "runs"
     cache_dir.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(c.model.d_models) * len(c.model.densities), desc="sparse_scaling grid", disable=not c.progress)
@@ -599,4 +628,5 @@ EXPERIMENT = registry.Experiment(
                                update_frequency=100)),
     },
     run=run,
+    train_step=train_step,
 )

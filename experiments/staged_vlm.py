@@ -70,6 +70,7 @@ import optax
 from etils import epath
 from flax import nnx
 
+from algorithms import training
 from algorithms.rl import grpo
 from algorithms.rl import staged_perception as sp
 from algorithms.training import Checkpointer, TrainState
@@ -451,13 +452,72 @@ class StageData:
         return out
 
 
-def make_model(c: Config, tok: WordTokenizer, seed: int) -> VLM:
+def vlm_config(c: Config, tok: WordTokenizer) -> VLMConfig:
+    """The VLM's config: a ViT over the image patches feeding a decoder LM over the scenes vocabulary."""
     lm = TransformerConfig(vocab_size=tok.vocab_size, d_model=c.model.d_model, num_layers=c.model.num_layers,
                            num_heads=c.model.num_heads, num_kv_heads=max(1, c.model.num_heads // 2), d_ff=c.model.d_ff)
     vit = ViTConfig(image_size=c.data.image_size, patch_size=c.data.patch_size, channels=3, num_classes=1,
                     d_model=c.model.vit_d_model, num_heads=2, d_ff=2 * c.model.vit_d_model,
                     num_layers=c.model.vit_layers, pooling="mean")
-    return VLM(VLMConfig(lm=lm, vit=vit, image_token_id=tok.encode(scenes.IMAGE_TOKEN)[0]), rngs=nnx.Rngs(seed))
+    return VLMConfig(lm=lm, vit=vit, image_token_id=tok.encode(scenes.IMAGE_TOKEN)[0])
+
+
+def make_model(c: Config, tok: WordTokenizer, seed: int) -> VLM:
+    return VLM(vlm_config(c, tok), rngs=nnx.Rngs(seed))
+
+
+def _sft_optimizer(c: Config) -> training.OptimizerConfig:
+    """The warm-up's optimizer: Adam at the constant rate ``sft.lr`` (optax defaults b2 0.999, eps 1e-8), no weight
+    decay, no clipping: ``training.make_optimizer`` of it is exactly ``optax.adamw(sft.lr, weight_decay=0.0)``
+    (warmup 0 and an end rate equal to the peak make the cosine schedule the constant ``sft.lr``; a zero decay
+    is skipped by optax)."""
+    return training.OptimizerConfig(learning_rate=c.sft.lr, warmup_steps=0, total_steps=max(c.sft.steps, 1),
+                                    end_lr_fraction=1.0, weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, clip_norm=None)
+
+
+def _sft_loss(model: VLM, batch) -> tuple[jax.Array, dict]:
+    """The warm-up's loss as a `make_train_step` loss: `sp.vlm_sft`'s masked next-token cross-entropy of the
+    completions (the same function, `sp._sft_loss`), on ``inputs``, ``targets``, ``loss_mask`` and ``images``."""
+    graphdef, params = nnx.split(model, nnx.Param)
+    loss = sp._sft_loss(params, graphdef, batch)
+    return loss, {"loss": loss}
+
+
+_SFT_MIX = [(kind, None) for kind in EVAL_KINDS] + [("perception", "caption")]  # the warm-up's kinds and views
+
+
+def _sft_batch_fn(c: Config, tok: WordTokenizer):
+    """`step -> the warm-up's batch`: an equal share of every (kind, view) of `_SFT_MIX`."""
+    each = max(1, c.sft.batch // len(_SFT_MIX))
+
+    def batch_fn(i):
+        parts = [examples(c, kind, each, seed=5_000_000 + len(_SFT_MIX) * i + j, tok=tok, view=view)
+                 for j, (kind, view) in enumerate(_SFT_MIX)]
+        cat = lambda f: np.concatenate([p["sft"][f] for p in parts])  # noqa: E731
+        return {"inputs": cat("inputs"), "targets": cat("targets"), "loss_mask": cat("loss_mask"),
+                "images": np.concatenate([p["images"] for p in parts])}
+
+    return batch_fn
+
+
+def train_step(c: Config):
+    """The supervised warm-up's step (`warm_start`; the GRPO steps after it are not `make_train_step` steps), for
+    ``python -m experiments aot staged_vlm`` (`experiments.aot`): the VLM, the warm-up's optimizer and loss, and
+    the global batch of its first step as `sp.vlm_sft` feeds it (int32 tokens, float32 mask and images).
+
+    Raises:
+      ValueError: the preset takes no warm-up step (``sft.steps`` 0).
+    """
+    from experiments import aot
+
+    if c.sft.steps == 0:
+        raise ValueError("staged_vlm takes no SFT step with sft.steps=0; pass a preset with a warm-up, e.g. "
+                         "--preset paper")
+    tok = make_tokenizer(c.data.grid)
+    cfg = vlm_config(c, tok)
+    return aot.TrainStep.from_batch(sp._sft_arrays(_sft_batch_fn(c, tok)(0)), model=cfg,
+                                    model_fn=lambda rngs: VLM(cfg, rngs=rngs), loss_fn=_sft_loss,
+                                    optimizer=_sft_optimizer(c))
 
 
 # --- phases ------------------------------------------------------------------------------------------
@@ -477,19 +537,9 @@ def warm_start(c: Config, tok, workdir: epath.Path):
         if ck.latest_step() is not None:
             state, meta = ck.restore(like)
             return graphdef, state.params, meta["losses"]
-    mix = [(kind, None) for kind in EVAL_KINDS] + [("perception", "caption")]
-    each = max(1, c.sft.batch // len(mix))
-
-    def batch_fn(i):
-        parts = [examples(c, kind, each, seed=5_000_000 + len(mix) * i + j, tok=tok, view=view)
-                 for j, (kind, view) in enumerate(mix)]
-        cat = lambda f: np.concatenate([p["sft"][f] for p in parts])  # noqa: E731
-        return {"inputs": cat("inputs"), "targets": cat("targets"), "loss_mask": cat("loss_mask"),
-                "images": np.concatenate([p["images"] for p in parts])}
-
     if c.sft.steps:
-        opt = optax.adamw(c.sft.lr, weight_decay=0.0)
-        params, losses = sp.vlm_sft(graphdef, params, batch_fn, steps=c.sft.steps, optimizer=opt,
+        opt = training.make_optimizer(_sft_optimizer(c))
+        params, losses = sp.vlm_sft(graphdef, params, _sft_batch_fn(c, tok), steps=c.sft.steps, optimizer=opt,
                                     progress=c.progress)
     else:
         losses = []
@@ -761,4 +811,5 @@ EXPERIMENT = registry.Experiment(
                                                  max_candidates=500_000)),
     },
     run=run,
+    train_step=train_step,
 )

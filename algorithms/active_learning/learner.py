@@ -29,7 +29,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-__all__ = ["SmallHead", "fit_heads", "predict_probs", "features", "balanced_accuracy", "labels_to_reach", "annotation_saving"]
+from algorithms import training
+
+__all__ = ["SmallHead", "sample_weights", "head_loss", "optimizer_config", "fit_heads", "predict_probs", "features", "balanced_accuracy", "labels_to_reach", "annotation_saving"]
 
 
 class SmallHead(nnx.Module):
@@ -48,21 +50,45 @@ class SmallHead(nnx.Module):
         return (logits, h) if return_features else logits
 
 
+def sample_weights(labels, weights, *, balanced: bool, num_classes: int):
+    """The loss weights of one head's (n,) items: optionally class-balanced (each labeled item divided by its
+    label's labeled count), then normalised to sum 1."""
+    w = weights
+    if balanced:
+        counts = jnp.zeros(num_classes).at[labels].add((w > 0).astype(jnp.float32))
+        w = w / jnp.maximum(counts[labels], 1.0)
+    return w / jnp.maximum(w.sum(), 1e-12)
+
+
+def head_loss(model: SmallHead, x, labels, weights, *, weight_decay: float):
+    """One head's full-batch training loss: ``sum(weights * CE) + weight_decay * |params|^2`` (weights from
+    `sample_weights`). The loss `fit_heads` minimises, and that of ``python -m experiments aot fm_active_learning``."""
+    logits = model(x)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    l2 = sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    return jnp.sum(weights * ce) + weight_decay * l2
+
+
+def optimizer_config(lr: float, steps: int) -> training.OptimizerConfig:
+    """`fit_heads`'s optimizer as a `training.OptimizerConfig`: Adam at the constant ``lr`` (no decay, no clipping).
+
+    `_fit` itself builds ``optax.adam(lr)`` because ``lr`` is traced there (one compiled program for every
+    learning rate); `training.make_optimizer` of this config updates bit-identically (pinned by
+    tests/experiments/aot_targets_other_test.py).
+    """
+    return training.OptimizerConfig(learning_rate=lr, warmup_steps=0, total_steps=steps, end_lr_fraction=1.0,
+                                    weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, clip_norm=None)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps", "balanced", "num_classes"))
 def _fit(graphdef, params0, x, labels, weights, *, steps, lr, weight_decay, balanced, num_classes):
     opt = optax.adam(lr)
 
     def one(p0, x, y, w):
-        if balanced:
-            counts = jnp.zeros(num_classes).at[y].add((w > 0).astype(jnp.float32))
-            w = w / jnp.maximum(counts[y], 1.0)
-        w = w / jnp.maximum(w.sum(), 1e-12)
+        w = sample_weights(y, w, balanced=balanced, num_classes=num_classes)
 
         def loss(p):
-            logits = nnx.merge(graphdef, p)(x)
-            ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-            l2 = sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(p))
-            return jnp.sum(w * ce) + weight_decay * l2
+            return head_loss(nnx.merge(graphdef, p), x, y, w, weight_decay=weight_decay)
 
         def step(carry, _):
             p, s = carry

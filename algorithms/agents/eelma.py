@@ -62,6 +62,8 @@ import optax
 import tqdm
 from flax import nnx
 
+from algorithms import training
+
 __all__ = [
     "hash_embed",
     "sample_future_offsets",
@@ -72,6 +74,7 @@ __all__ = [
     "EmpowermentCritic",
     "eelma_loss",
     "readout",
+    "optimizer_config",
     "TrainedCritics",
     "train_critics",
     "EmpowermentEstimate",
@@ -332,6 +335,15 @@ def readout(model: EmpowermentCritic, state_table, action_table, s, a, f) -> dic
 # ----------------------------------------------------------------------------------------------
 # Training many independent critics at once.
 # ----------------------------------------------------------------------------------------------
+
+
+def optimizer_config(learning_rate: float, num_steps: int) -> training.OptimizerConfig:
+    """`train_critics`' optimizer as a `training.OptimizerConfig`: Adam at the constant ``learning_rate``, no
+    decay, no clipping (`training.make_optimizer` of it updates bit-identically to the ``optax.adam`` of
+    `train_critics`, which keeps the optax state layout of its vmapped agents); the optimizer of
+    ``python -m experiments aot eelma``."""
+    return training.OptimizerConfig(learning_rate=learning_rate, warmup_steps=0, total_steps=num_steps,
+                                    end_lr_fraction=1.0, weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, clip_norm=None)
 
 
 class TrainedCritics(NamedTuple):

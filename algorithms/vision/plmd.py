@@ -60,10 +60,11 @@ import optax
 from flax import nnx
 import tqdm
 
+from algorithms import training
 from models.unet import UNet, UNetConfig
 from primitives import diffusion as sde
 
-__all__ = ["PLMDConfig", "PLMDModels", "encode", "decode", "init_models", "loss_fn", "train", "complete",
+__all__ = ["PLMDConfig", "PLMDModels", "encode", "decode", "init_models", "loss_fn", "optimizer_config", "train", "complete",
            "consistency_critic", "VARIANTS"]
 
 VARIANTS = ("plmd", "no_resample", "semantic_only")
@@ -186,6 +187,17 @@ def loss_fn(models: PLMDModels, batch: Mapping[str, jax.Array], key: jax.Array, 
     return sum(parts.values()), parts
 
 
+def optimizer_config(config: PLMDConfig, *, steps: int) -> training.OptimizerConfig:
+    """The denoisers' optimizer: Adam (b1 0.9, b2 0.99) at the constant ``config.lr``, no weight decay, no clipping.
+
+    As a `training.OptimizerConfig` (no warmup, cosine end = peak: constant), whose `training.make_optimizer`
+    updates are bit-identical to ``optax.adam(config.lr, b1=0.9, b2=0.99)``; `train` uses it, and so does the
+    ahead-of-time compiled step of ``python -m experiments aot plmd``.
+    """
+    return training.OptimizerConfig(learning_rate=config.lr, warmup_steps=0, total_steps=steps, end_lr_fraction=1.0,
+                                    weight_decay=0.0, b1=0.9, b2=0.99, eps=1e-8, clip_norm=None)
+
+
 def train(models: PLMDModels, data: Mapping[str, np.ndarray], config: PLMDConfig, *, steps: int, batch_size: int,
           seed: int = 0, progress: bool = True) -> list[dict[str, float]]:
     """Trains the three denoisers in place (Adam) on random batches of ``data = {"labels", "known"}``.
@@ -198,7 +210,7 @@ def train(models: PLMDModels, data: Mapping[str, np.ndarray], config: PLMDConfig
     labels, known = np.asarray(data["labels"]), np.asarray(data["known"])
     _check_maps(labels[:1], known[:1], config.num_labels)
     sch = config.schedule
-    opt = optax.adam(config.lr, b1=0.9, b2=0.99)
+    opt = training.make_optimizer(optimizer_config(config, steps=steps))
     graphdef, params = nnx.split(models, nnx.Param)
     opt_state = opt.init(params)
 

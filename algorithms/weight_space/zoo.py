@@ -44,7 +44,10 @@ import tqdm
 from etils import epath
 from flax import nnx
 
-__all__ = ["ZooConfig", "ZooMLP", "Zoo", "sample_variants", "make_member_data", "train_members",
+from algorithms import training
+
+__all__ = ["ZooConfig", "ZooMLP", "Zoo", "sample_variants", "make_member_data", "member_loss",
+           "member_optimizer_config", "train_members",
            "build_zoo", "mlp_apply", "permute_hidden", "random_permutation", "canonicalize", "fingerprint"]
 
 
@@ -253,10 +256,26 @@ def make_member_data(config: ZooConfig, variants: dict, y: np.ndarray, *, train:
     return labels, weights
 
 
-def _loss(graphdef, state, x, labels, weights):
-    logits = nnx.merge(graphdef, state)(x)
+def member_loss(model: ZooMLP, x, labels, weights):
+    """A member's minibatch loss: cross-entropy weighted by ``weights`` (1 on the member's classes), normalised by
+    their sum. The loss of `train_members` and of ``python -m experiments aot mvprobe``."""
+    logits = model(x)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     return jnp.sum(ce * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def member_optimizer_config(lr: float, steps: int) -> training.OptimizerConfig:
+    """A member's optimizer as a `training.OptimizerConfig`: Adam at its constant ``lr`` (no decay, no clipping).
+
+    `_train_one` itself applies ``optax.adam(1.0)`` scaled by the member's (traced, per-member) ``lr``: the same
+    update up to float rounding (the scale is applied after Adam's unit step instead of inside it).
+    """
+    return training.OptimizerConfig(learning_rate=lr, warmup_steps=0, total_steps=steps, end_lr_fraction=1.0,
+                                    weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, clip_norm=None)
+
+
+def _loss(graphdef, state, x, labels, weights):
+    return member_loss(nnx.merge(graphdef, state), x, labels, weights)
 
 
 def _train_one(graphdef, state, x_rot, rotation, labels, weights, lr, key, *, steps, batch_size):

@@ -102,6 +102,10 @@ HOOKED = {
 PINNED_ELSEWHERE = {
     "qvg": "aot_targets_vision_test.py", "toast": "aot_targets_vision_test.py", "prim": "aot_targets_vision_test.py",
     "dem_hec": "aot_targets_vision_test.py",
+    "nmars": "aot_targets_loop_test.py", "staged_vlm": "aot_targets_loop_test.py",
+    "sparse_scaling": "aot_targets_loop_test.py", "vegas": "aot_targets_loop_test.py", "ffd": "aot_targets_loop_test.py",
+    "plmd": "aot_targets_other_test.py", "fm_active_learning": "aot_targets_other_test.py",
+    "eelma": "aot_targets_other_test.py", "mvprobe": "aot_targets_other_test.py",
 }
 
 

@@ -33,8 +33,8 @@ def test_an_experiment_without_a_training_step_is_refused_by_name(capsys, monkey
     from experiments import aot
 
     monkeypatch.setattr(aot, "targets", lambda: {"lm_1b": "", "lm_arithmetic": ""})
-    assert cli.main(["aot", "toast"]) == 2
-    assert "'toast' defines no training step to compile; targets: ['lm_1b', 'lm_arithmetic']" in \
+    assert cli.main(["aot", "sysr"]) == 2
+    assert "'sysr' defines no training step to compile; targets: ['lm_1b', 'lm_arithmetic']" in \
         capsys.readouterr().out
 
 
