@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
 
 from algorithms import training
@@ -55,7 +56,9 @@ class TrainStep:
     Attributes:
       model: the model's config. A `TransformerConfig` may have its `scan_layers`, `remat` and
         `attention.prefill` overridden from the command line; another config is only reported.
-      optimizer: the `training.OptimizerConfig` of the run.
+      optimizer: the `training.OptimizerConfig` of the run, or the run's own optax transformation where
+        the config cannot express it (a one-cycle schedule, a frozen sub-tree); it must be the very
+        object (or built by the very function) the run trains with.
       batch_size: global examples per step (split over the mesh's data and fsdp axes).
       seq_len: tokens per sequence (inputs and targets) of a decoder LM; None when `example` is given.
       loss_fn: `(model, batch) -> (loss, metrics)`; default next-token cross-entropy.
@@ -65,7 +68,7 @@ class TrainStep:
     """
 
     model: Any
-    optimizer: training.OptimizerConfig = training.OptimizerConfig()
+    optimizer: training.OptimizerConfig | optax.GradientTransformation = training.OptimizerConfig()
     batch_size: int
     seq_len: int | None = None
     loss_fn: Callable = training.next_token_loss
@@ -148,7 +151,8 @@ def compile_train_step(step: TrainStep, *, topology: str, mesh: training.MeshCon
     devices = kernel_aot.tpu_devices(topology)
     device_mesh = training.make_mesh(mesh, devices)
     batch = _global_batch(step, device_mesh)
-    optimizer = training.make_optimizer(step.optimizer)
+    optimizer = training.make_optimizer(step.optimizer) if isinstance(step.optimizer, training.OptimizerConfig) \
+        else step.optimizer
     row: dict[str, Any] = {"topology": topology, "chips": len(devices), "mesh": list(device_mesh.shape.values()),
                            "model": type(step.model).__name__, "batch_size": step.batch_size, "seq_len": step.seq_len,
                            "batch": {k: list(shape) for k, (shape, _) in step.batch_shapes().items()}}

@@ -105,9 +105,15 @@ def test_a_non_lm_step_compiles_for_v5e_and_lm_flags_are_refused_for_it(capsys, 
     from algorithms import training
     from experiments import aot
 
-    step = _classifier_step()
+    import dataclasses
+
+    import optax
+
+    # an optax transformation the config cannot express is compiled as given
+    step = dataclasses.replace(_classifier_step(), optimizer=optax.sgd(optax.linear_onecycle_schedule(10, 0.1)))
     row = aot.compile_train_step(step, topology="v5e:2x2", mesh=training.MeshConfig(data=1, fsdp=-1, tensor=1))
     assert row["ok"] and row["fits"] and row["params"] == 192 * 10 + 10 and row["model"] == "dict"
+    step = _classifier_step()
     assert row["batch"] == {"images": [8, 8, 8, 3], "labels": [8]} and "remat" not in row
     assert "dict of 2k params, batch images 8x8x8x3, labels 8" in aot._describe({"target": "clf", **row})
     monkeypatch.setattr(aot, "_target_step", lambda *a: step)
