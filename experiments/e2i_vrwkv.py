@@ -211,17 +211,30 @@ def vit_config(c: Config, image_size: int | None = None) -> vit_lib.ViTConfig:
                              num_layers=c.vit.num_layers, pooling="mean")
 
 
+def model_config(c: Config, variant: str, image_size: int | None = None):
+    """The config of `variant`'s model: a `VRWKVConfig` (plain), a `ViTConfig` (vit) or an `E2IConfig`."""
+    if variant == "plain":
+        return backbone_config(c, image_size)
+    if variant == "vit":
+        return vit_config(c, image_size)
+    return e2i.E2IConfig(backbone=backbone_config(c, image_size), views=c.data.views, prior_dim=c.model.prior_dim,
+                         **SWITCHES[variant])
+
+
+def _model_fn(c: Config, variant: str, image_size: int | None = None):
+    """``rngs -> the model of `variant``` (shared by `make_model` and `train_step`)."""
+    cfg = model_config(c, variant, image_size)
+    if variant == "plain":
+        return lambda rngs: vr.VRWKVSegmenter(cfg, rngs=rngs)
+    if variant == "vit":
+        return lambda rngs: e2i.AttentionSegmenter(cfg, lf.NUM_CLASSES, rngs=rngs)
+    return lambda rngs: e2i.E2IVRWKV(cfg, rngs=rngs)
+
+
 def make_model(c: Config, variant: str, seed: int, image_size: int | None = None) -> nnx.Module:
     """The model of `variant` (input: views [b, U, V, H, W] for the E2I variants, the centre image
     [b, H, W, 1] for plain and vit)."""
-    rngs = nnx.Rngs(seed)
-    if variant == "plain":
-        return vr.VRWKVSegmenter(backbone_config(c, image_size), rngs=rngs)
-    if variant == "vit":
-        return e2i.AttentionSegmenter(vit_config(c, image_size), lf.NUM_CLASSES, rngs=rngs)
-    cfg = e2i.E2IConfig(backbone=backbone_config(c, image_size), views=c.data.views, prior_dim=c.model.prior_dim,
-                        **SWITCHES[variant])
-    return e2i.E2IVRWKV(cfg, rngs=rngs)
+    return _model_fn(c, variant, image_size)(nnx.Rngs(seed))
 
 
 def model_input(variant: str, views: np.ndarray) -> np.ndarray:
@@ -259,17 +272,25 @@ def _data(c: Config):
 
 
 
+def _batch_fn(c: Config, variant: str, seed: int, views: np.ndarray, labels: np.ndarray):
+    """Step index -> the training batch of (`variant`, `seed`): `train.batch_size` scenes drawn with replacement
+    from `views` [n, U, V, H, W] (as the variant's input) and their centre `labels` [n, H, W]."""
+    x_train = model_input(variant, views)
+
+    def batch_fn(i: int) -> dict:
+        idx = np.random.default_rng([seed, 11, int(i)]).integers(0, len(x_train), c.train.batch_size)
+        return {"input": x_train[idx], "labels": labels[idx]}
+
+    return batch_fn
+
+
 def train_eval(c: Config, variant: str, seed: int, train, test) -> dict:
     """Trains one (variant, seed) and returns its test mIoU, per-class IoU, parameters and time."""
     start = time.perf_counter()
     model = make_model(c, variant, seed)
-    x_train, x_test = model_input(variant, train.views), model_input(variant, test.views)
-
-    def batch_fn(i: int) -> dict:
-        idx = np.random.default_rng([seed, 11, int(i)]).integers(0, len(x_train), c.train.batch_size)
-        return {"input": x_train[idx], "labels": train.labels[idx]}
-
-    model, hist = e2i.train_segmenter(model, batch_fn, num_steps=c.train.steps, learning_rate=c.train.learning_rate,
+    x_test = model_input(variant, test.views)
+    model, hist = e2i.train_segmenter(model, _batch_fn(c, variant, seed, train.views, train.labels),
+                                      num_steps=c.train.steps, learning_rate=c.train.learning_rate,
                                       weight_decay=c.train.weight_decay, progress=c.progress,
                                       desc=f"e2i_vrwkv {variant} s{seed}")
     pred = e2i.predict(model, x_test)
@@ -277,6 +298,24 @@ def train_eval(c: Config, variant: str, seed: int, train, test) -> dict:
     return {"miou": miou, "iou": [None if np.isnan(v) else float(v) for v in iou],
             "final_loss": float(hist[-1]["loss"]), "params": active_params(model, variant),
             "seconds": round(time.perf_counter() - start, 2)}
+
+
+def train_step(c: Config):
+    """The training step ``python -m experiments aot e2i_vrwkv`` compiles: the first one `run` trains, variant
+    ``c.variants[0]`` (``full``, E2I-VRWKV with every block on, at every preset) of seed ``c.seeds[0]``: its
+    model, `e2i.segmenter_loss`, the AdamW of `e2i.optimizer_config` (what `e2i.train_segmenter` steps with)
+    and a global batch of `train.batch_size` scenes (the shapes `_batch_fn` draws, from a zero stand-in scene
+    instead of the rendered data)."""
+    from experiments import aot
+
+    variant, d = c.variants[0], c.data
+    stand_in = (np.zeros((1, d.views, d.views, d.image_size, d.image_size), np.float32),
+                np.zeros((1, d.image_size, d.image_size), np.int32))
+    return aot.TrainStep.from_batch(_batch_fn(c, variant, c.seeds[0], *stand_in)(0),
+                                    model=model_config(c, variant), model_fn=_model_fn(c, variant),
+                                    loss_fn=e2i.segmenter_loss,
+                                    optimizer=e2i.optimizer_config(c.train.learning_rate, c.train.weight_decay,
+                                                                   c.train.steps))
 
 
 # ------------------------------------------------------------------ cost
@@ -519,4 +558,5 @@ EXPERIMENT = registry.Experiment(
             cost=CostSection(sizes=(64, 128, 256))),
     },
     run=run,
+    train_step=train_step,
 )

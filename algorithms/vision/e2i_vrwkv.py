@@ -58,13 +58,15 @@ import numpy as np
 import optax
 from flax import nnx
 
+from algorithms import training
 from algorithms._loop import run_loop
 from models import vit as vit_lib
 from models import vrwkv as vr
 
 __all__ = ["E2IConfig", "E2IVRWKV", "EPIPriorGenerator", "LFECMA", "NaiveFusion", "GCGate", "AngularStream",
            "AttentionSegmenter", "epi_structure_tensor", "epi_features", "check_views", "segmentation_loss",
-           "confusion_matrix", "mean_iou", "train_segmenter", "num_params"]
+           "confusion_matrix", "mean_iou", "segmenter_loss", "optimizer_config", "train_segmenter",
+           "num_params"]
 
 
 # ------------------------------------------------------------------ non-learned EPI geometry
@@ -426,9 +428,26 @@ def num_params(model: nnx.Module) -> int:
     return int(sum(np.size(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))))
 
 
+def segmenter_loss(model: nnx.Module, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """`segmentation_loss` of ``model(batch["input"])`` against ``batch["labels"]``, as ``(loss, {"loss": loss})``
+    (the `training.LossFn` shape): the loss `train_segmenter` minimises."""
+    loss = segmentation_loss(model(batch["input"]), batch["labels"])
+    return loss, {"loss": loss}
+
+
+def optimizer_config(learning_rate: float, weight_decay: float, num_steps: int) -> training.OptimizerConfig:
+    """The `training.OptimizerConfig` `train_segmenter` steps with: AdamW (b2 0.999, no clipping) with weight
+    decay on every parameter, a linear warmup over the first 10 % of `num_steps` (at least one step) and a
+    cosine decay to 0 at `num_steps`. Equals ``optax.adamw(optax.warmup_cosine_decay_schedule(0, lr,
+    max(1, n // 10), n), weight_decay=wd)`` for n >= 2; at n = 1 (where that schedule has no cosine part and
+    optax refuses it) the single step runs at learning rate 0, the end of the warmup."""
+    return training.OptimizerConfig(learning_rate=learning_rate, warmup_steps=max(1, num_steps // 10),
+                                    total_steps=num_steps, end_lr_fraction=0.0, weight_decay=weight_decay, b2=0.999,
+                                    clip_norm=None, decay_all_params=True)
+
+
 def _optimizer(learning_rate: float, weight_decay: float, num_steps: int) -> optax.GradientTransformation:
-    sched = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(1, num_steps // 10), num_steps)
-    return optax.adamw(sched, weight_decay=weight_decay)
+    return training.make_optimizer(optimizer_config(learning_rate, weight_decay, num_steps))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "hyper"))
@@ -438,17 +457,18 @@ def _train_step(params, opt_state, rest, batch, *, graphdef, hyper):
     tx = _optimizer(*hyper)
 
     def loss_of(p):
-        return segmentation_loss(nnx.merge(graphdef, p, rest)(batch["input"]), batch["labels"])
+        return segmenter_loss(nnx.merge(graphdef, p, rest), batch)
 
-    loss, grads = jax.value_and_grad(loss_of)(params)
+    (_, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, {"loss": loss}
+    return optax.apply_updates(params, updates), opt_state, metrics
 
 
 def train_segmenter(model: nnx.Module, batch_fn: Callable[[int], Mapping[str, np.ndarray]], *, num_steps: int,
                     learning_rate: float, weight_decay: float = 1e-4, progress: bool = True,
                     desc: str = "train") -> tuple[nnx.Module, list[dict]]:
-    """Trains `model` (input -> logits [b, H, W, K]) with AdamW (cosine decay, 10 % warmup) on the per-pixel CE.
+    """Trains `model` (input -> logits [b, H, W, K]) with AdamW (cosine decay, 10 % warmup; `optimizer_config`) on
+    the per-pixel CE (`segmenter_loss`).
 
     Args:
       model: the segmenter; called on ``batch["input"]``.

@@ -106,6 +106,7 @@ PINNED_ELSEWHERE = {
     "sparse_scaling": "aot_targets_loop_test.py", "vegas": "aot_targets_loop_test.py", "ffd": "aot_targets_loop_test.py",
     "plmd": "aot_targets_other_test.py", "fm_active_learning": "aot_targets_other_test.py",
     "eelma": "aot_targets_other_test.py", "mvprobe": "aot_targets_other_test.py",
+    "e2i_vrwkv": "aot_targets_e2i_test.py",
 }
 
 
