@@ -233,6 +233,21 @@ def _timeit(fn):
     return out, time.perf_counter() - t0
 
 
+def _model_config(c: Config) -> M.PPMConfig:
+    return M.PPMConfig(seq_len=c.data.seq_len, pred_len=c.data.pred_len, d_model=c.model.d_model, d_ff=c.model.d_ff)
+
+
+def _train_config(c: Config) -> F.TrainConfig:
+    return F.TrainConfig(learning_rate=c.train.learning_rate, lr_decay=c.train.lr_decay,
+                         batch_size=c.train.batch_size, epochs=c.train.epochs, patience=c.train.patience,
+                         max_steps_per_epoch=c.train.max_steps_per_epoch, progress=c.progress)
+
+
+def _loss_config(c: Config) -> F.HybridLossConfig:
+    return F.HybridLossConfig(tau=c.loss.tau, bandwidth=c.loss.bandwidth, num_samples=c.loss.train_samples,
+                              beta_kl=c.loss.beta_kl)
+
+
 def _run_dataset(c: Config, noise: str, key: jax.Array):
     kd, kt, ks = jax.random.split(key, 3)
     series = make_series(kd, length=c.data.length, num_channels=c.data.num_channels, num_factors=c.data.num_factors,
@@ -240,12 +255,7 @@ def _run_dataset(c: Config, noise: str, key: jax.Array):
     (xtr, ytr), (xva, yva), (xte, yte) = _splits(series, c)
     if c.data.max_test_windows:
         xte, yte = xte[:c.data.max_test_windows], yte[:c.data.max_test_windows]
-    mcfg = M.PPMConfig(seq_len=c.data.seq_len, pred_len=c.data.pred_len, d_model=c.model.d_model, d_ff=c.model.d_ff)
-    tcfg = F.TrainConfig(learning_rate=c.train.learning_rate, lr_decay=c.train.lr_decay,
-                         batch_size=c.train.batch_size, epochs=c.train.epochs, patience=c.train.patience,
-                         max_steps_per_epoch=c.train.max_steps_per_epoch, progress=c.progress)
-    lcfg = F.HybridLossConfig(tau=c.loss.tau, bandwidth=c.loss.bandwidth, num_samples=c.loss.train_samples,
-                              beta_kl=c.loss.beta_kl)
+    mcfg, tcfg, lcfg = _model_config(c), _train_config(c), _loss_config(c)
     K, nte = c.loss.test_samples, xte.shape[0]
     samples, cost = {}, {}
 
@@ -316,6 +326,45 @@ def _run_dataset(c: Config, noise: str, key: jax.Array):
              "curves": {k: v.get("val_curve") for k, v in cost.items()}, "pit": pits,
              "windows": (xtr.shape[0], xva.shape[0], nte), "sweep": sweep}
     return res, extra
+
+
+def _num_train_windows(c: Config) -> int:
+    """Training windows of one series (as `_splits` cuts them): the first 70% of the steps, stride 1."""
+    return int(0.7 * c.data.length) - c.data.seq_len - c.data.pred_len + 1
+
+
+def _step_loss(model: M.PPM, batch: Mapping[str, Any], *, loss: F.LossFn):
+    """PPM's hybrid loss of one training step with the step's PRNG key carried in the batch.
+
+    `F.train`'s step takes windows ``(x, y)`` and one ``rbg`` key per step (`run`'s keys are ``rbg``); a
+    `experiments.aot.TrainStep` batch holds only arrays with a batch axis, so the key's raw data rides along
+    as ``batch["key"]`` ``[batch_size, 4]`` uint32 and row 0 is the step's key.
+    """
+    key = jax.random.wrap_key_data(batch["key"][0], impl="rbg")
+    return loss(model, batch["x"], batch["y"], key)
+
+
+def train_step(c: Config):
+    """PPM's training step (`F.train` of the hybrid loss, `_run_dataset`'s main model), for
+    ``python -m experiments aot ppm`` (`experiments.aot`): `models.ppm.PPM` of `_model_config`, the loss
+    `F.make_ppm_loss(_loss_config(c))`, the optax transformation `F.make_optimizer` builds for `F.train` (Adam
+    with the per-epoch "type1" rate; its steps per epoch from the training windows of one series), and a batch
+    of the windows `F.train` feeds one step (x [B, L, c], y [B, H, c] float32) plus the step's key
+    (`_step_loss`). The baselines (Gaussian, quantile, point MLPs, the DDPM) train with the same loop and are
+    not hooked."""
+    import functools
+
+    from experiments import aot
+
+    mcfg, tcfg = _model_config(c), _train_config(c)
+    bs, steps_per_epoch = F.epoch_steps(_num_train_windows(c), tcfg)
+    key_data = jax.random.key_data(jax.random.key(c.seed, impl="rbg"))
+    batch = {"x": jnp.zeros((bs, c.data.seq_len, c.data.num_channels), jnp.float32),
+             "y": jnp.zeros((bs, c.data.pred_len, c.data.num_channels), jnp.float32),
+             "key": jnp.zeros((bs, *key_data.shape), key_data.dtype)}
+    return aot.TrainStep.from_batch(batch, model=mcfg, model_fn=lambda rngs: M.PPM(mcfg, rngs=rngs),
+                                    loss_fn=functools.partial(_step_loss, loss=F.make_ppm_loss(_loss_config(c))),
+                                    optimizer=F.make_optimizer(tcfg, steps_per_epoch))
 
 
 def headline(metrics: Mapping[str, Any]) -> str:
@@ -516,4 +565,5 @@ EXPERIMENT = registry.Experiment(
                                 ddpm=DDPMSection(learning_rate=1e-3, epochs=90)),
     },
     run=run,
+    train_step=train_step,
 )

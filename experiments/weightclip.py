@@ -173,6 +173,18 @@ def _rotations(x: np.ndarray) -> np.ndarray:
     return np.stack([np.rot90(x, k, axes=(1, 2)).reshape(x.shape[0], -1) for k in range(4)]).astype(np.float32)
 
 
+def _split(c: Config, classes, rotation, noise):
+    """(dataset id per model, held-out dataset ids, training models, held-out models) from the zoo's variants."""
+    desc = np.concatenate([classes, rotation[:, None], noise[:, None]], 1)
+    _, ds_id = np.unique(desc, axis=0, return_inverse=True)
+    ds_id = ds_id.reshape(-1)
+    rng = np.random.default_rng([c.seed, 31])
+    uniq = rng.permutation(np.unique(ds_id))
+    held_ds = np.sort(uniq[:max(2, int(round(c.zoo.holdout_fraction * len(uniq))))])
+    held = np.isin(ds_id, held_ds)
+    return ds_id, held_ds, np.flatnonzero(~held), np.flatnonzero(held)
+
+
 class _Data:
     """The zoo, its tokens, datasets, the split and the fixed evaluation draws (shared by all methods)."""
 
@@ -187,14 +199,7 @@ class _Data:
         lab_te, w_te = zoo_lib.make_member_data(zc, v, yte, train=False)
         self.xr_tr, self.xr_te = _rotations(xtr), _rotations(xte)
         self.lab_te, self.w_te = lab_te, w_te
-        desc = np.concatenate([zoo.classes, zoo.rotation[:, None], zoo.noise[:, None]], 1)
-        _, self.ds_id = np.unique(desc, axis=0, return_inverse=True)
-        self.ds_id = self.ds_id.reshape(-1)
-        rng = np.random.default_rng([c.seed, 31])
-        uniq = rng.permutation(np.unique(self.ds_id))
-        self.held_ds = np.sort(uniq[:max(2, int(round(c.zoo.holdout_fraction * len(uniq))))])
-        held = np.isin(self.ds_id, self.held_ds)
-        self.tr, self.te = np.flatnonzero(~held), np.flatnonzero(held)
+        self.ds_id, self.held_ds, self.tr, self.te = _split(c, zoo.classes, zoo.rotation, zoo.noise)
         # one representative model per held-out dataset (its data defines the dataset)
         self.rep = np.array([self.te[self.ds_id[self.te] == d][0] for d in self.held_ds])
         self.tok = wc.WeightTokenizer.fit([k[self.tr] for k in zoo.kernels], [b[self.tr] for b in zoo.biases],
@@ -243,15 +248,31 @@ def _prompt_loss(kernels, biases, bx, by):
     return jax.vmap(f)(kernels, biases, bx, by)
 
 
+def _ae(c: Config, tokensize: int, positions: np.ndarray, rngs: nnx.Rngs) -> wc.WeightAE:
+    return wc.WeightAE(tokensize, positions, d_model=c.model.d_model, heads=c.model.heads, layers=c.model.layers,
+                       latent_dim=c.model.latent_dim, rngs=rngs)
+
+
+def _encoder(c: Config, d_x: int, rngs: nnx.Rngs) -> wc.DatasetEncoder:
+    return wc.DatasetEncoder(d_x, 10, hidden=c.model.enc_hidden, latent_dim=c.model.latent_dim, rngs=rngs)
+
+
+def _base_train_kwargs(c: Config) -> dict:
+    tr = c.train
+    return dict(steps=tr.steps, batch_size=tr.batch_size, set_size=tr.set_size, lr=tr.lr, temperature=tr.temperature,
+                bias_init=c.train.bias_init, siglip_reduction=c.train.siglip_reduction)
+
+
+def _aligned_train_config(c: Config, objective: str) -> wc.TrainConfig:
+    """The joint (aligned) methods' settings: WeightCLIP ("siglip") and the multi-positive variant."""
+    return wc.TrainConfig(**_base_train_kwargs(c), align_weight=c.train.align_weight, objective=objective)
+
+
 def _train(c: Config, data: _Data, method: str):
     t = data.tok
-    ae = wc.WeightAE(t.tokensize, t.positions, d_model=c.model.d_model, heads=c.model.heads, layers=c.model.layers,
-                     latent_dim=c.model.latent_dim, rngs=nnx.Rngs(c.seed + 1))
-    enc = wc.DatasetEncoder(data.xr_tr.shape[-1], 10, hidden=c.model.enc_hidden, latent_dim=c.model.latent_dim,
-                            rngs=nnx.Rngs(c.seed + 2))
-    tr = c.train
-    base = dict(steps=tr.steps, batch_size=tr.batch_size, set_size=tr.set_size, lr=tr.lr, temperature=tr.temperature,
-                bias_init=c.train.bias_init, siglip_reduction=c.train.siglip_reduction)
+    ae = _ae(c, t.tokensize, t.positions, nnx.Rngs(c.seed + 1))
+    enc = _encoder(c, data.xr_tr.shape[-1], nnx.Rngs(c.seed + 2))
+    base = _base_train_kwargs(c)
     sub = wc.DatasetPool(data.pool.x, data.pool.variant[data.tr], data.pool.labels[data.tr],
                          data.pool.weights[data.tr])
     args = (data.tokens[data.tr], t.mask, sub, data.ds_id[data.tr])
@@ -266,10 +287,83 @@ def _train(c: Config, data: _Data, method: str):
         hist = {"recon": h1["recon"], "align": h2["align"]}
     else:
         obj = "siglip" if method == "weightclip" else "multi_positive"
-        ae, enc, _, hist = wc.train_weightclip(ae, enc, *args, wc.TrainConfig(**base, align_weight=c.train.align_weight,
-                                                                            objective=obj),
-                                               key=key, progress=c.progress)
+        ae, enc, _, hist = wc.train_weightclip(ae, enc, *args, _aligned_train_config(c, obj), key=key,
+                                               progress=c.progress)
     return ae, enc, hist
+
+
+class _AlignedModels(nnx.Module):
+    """What the aligned step trains, as one module for `experiments.aot.TrainStep`: the weight AE, the dataset
+    encoder and the SigLIP bias (`wc.train_weightclip` holds them as ``{"ae", "enc", "bias"}``)."""
+
+    def __init__(self, c: Config, tokensize: int, positions: np.ndarray, d_x: int, *, rngs: nnx.Rngs):
+        self.ae = _ae(c, tokensize, positions, rngs)
+        self.enc = _encoder(c, d_x, rngs)
+        self.bias = nnx.Param(jnp.asarray(c.train.bias_init, jnp.float32))
+
+
+def _aligned_step_loss(models: _AlignedModels, batch: Mapping[str, Any], *, x: np.ndarray, token_mask: np.ndarray,
+                       cfg: wc.TrainConfig, batch_size: int):
+    """`wc.step_loss` of one WeightCLIP step, the arrays it samples from given as the batch.
+
+    `wc.train_weightclip`'s step draws ``batch_size`` of the M training models and one set of each model's dataset
+    inside the step, from the whole zoo's tokens and dataset pool; so the hook's "batch" is that pool, one row per
+    model: ``tokens [M, T, tokensize]``, ``variant [M]``, ``labels [M, n]``, ``weights [M, n]``, ``dataset_id
+    [M]``, plus the step's key data (``key [M, 2]`` uint32, row 0). The rotated images ``x [4, n, d_x]`` and the
+    token mask have no model axis and are constants of the step. Returns ``(loss, {"recon", "align"})``.
+    """
+    pool = wc.DatasetPool(jnp.asarray(x), batch["variant"], batch["labels"], batch["weights"])
+    key = jax.random.wrap_key_data(batch["key"][0])
+    loss, (recon, align) = wc.step_loss(models.ae, models.enc, models.bias[...], batch["tokens"],
+                                        jnp.asarray(token_mask), pool, batch["dataset_id"], key, cfg,
+                                        batch_size=batch_size)
+    return loss, {"recon": recon, "align": align}
+
+
+def _model_shapes(c: Config) -> tuple[tuple[int, int], ...]:
+    """Per layer (d_in, d_out) of the zoo's MLPs on flattened 8x8 digits."""
+    sizes = (64, *c.zoo.hidden, 10)
+    return tuple(zip(sizes[:-1], sizes[1:]))
+
+
+def train_step(c: Config):
+    """The WeightCLIP (aligned, SigLIP) method's step (`wc.train_weightclip` of `_train`), for
+    ``python -m experiments aot weightclip`` (`experiments.aot`): the weight AE, the dataset encoder and the bias
+    (`_AlignedModels`), `wc.step_loss` (`_aligned_step_loss`), the optimizer `wc.make_optimizer` builds for the
+    loop (clip + AdamW, one-cycle schedule) and, as the batch, the training models' tokens and datasets the step
+    samples ``train.batch_size`` models from (see `_aligned_step_loss`). The zoo members' training, the unaligned
+    and multi-positive methods are not hooked."""
+    import functools
+
+    from experiments import aot
+
+    zc = _zoo_config(c)
+    v = zoo_lib.sample_variants(zc)
+    (xtr, ytr), _ = load_digits(seed=c.seed)
+    lab_tr, w_tr = zoo_lib.make_member_data(zc, v, ytr, train=True)
+    ds_id, _, tr, _ = _split(c, v["classes"], v["rotation"].astype(np.int32), v["noise"].astype(np.int32))
+    x = _rotations(xtr)
+    shapes = _model_shapes(c)
+    tokensize = max(d_in + 1 for d_in, _ in shapes)  # `wc.WeightTokenizer.fit`'s default: one token per neuron
+    zeros = lambda: ([np.zeros((1, *s), np.float32) for s in shapes], [np.zeros((1, s[1]), np.float32) for s in shapes])
+    tokens, mask, positions = wc.tokenize(*zeros(), tokensize=tokensize)
+    m = tr.size
+    cfg = _aligned_train_config(c, "siglip")
+    key_data = jax.random.key_data(jax.random.key(c.seed + 7))
+    batch = {"tokens": np.zeros((m, *tokens.shape[1:]), np.float32),
+             "variant": np.zeros((m,), jnp.asarray(v["rotation"].astype(np.int32)).dtype),
+             "labels": np.zeros((m, lab_tr.shape[1]), jnp.asarray(lab_tr).dtype),
+             "weights": np.zeros((m, w_tr.shape[1]), jnp.asarray(w_tr).dtype),
+             "dataset_id": np.zeros((m,), jnp.asarray(ds_id).dtype),
+             "key": np.zeros((m, *key_data.shape), key_data.dtype)}
+    model = {"tokensize": tokensize, "tokens": int(tokens.shape[1]), "d_x": int(x.shape[-1]),
+             "model": dataclasses.asdict(c.model), "bias_init": c.train.bias_init}
+    return aot.TrainStep.from_batch(
+        batch, model=model,
+        model_fn=lambda rngs: _AlignedModels(c, tokensize, positions, int(x.shape[-1]), rngs=rngs),
+        loss_fn=functools.partial(_aligned_step_loss, x=x, token_mask=mask, cfg=cfg,
+                                  batch_size=min(cfg.batch_size, m)),
+        optimizer=wc.make_optimizer(cfg))
 
 
 def _probe(feats: np.ndarray, data: _Data) -> dict:
@@ -544,4 +638,5 @@ EXPERIMENT = registry.Experiment(
                                 eval=EvalSection(queries=20, refine_steps=20)),
     },
     run=run,
+    train_step=train_step,
 )

@@ -27,9 +27,9 @@ Baselines (same MLP trunk and instance normalization, :mod:`models.ppm`):
   steps (CSDI's T = 50 quadratic schedule by default), so each forecast costs T network passes.
 
 Training (:func:`train`) is a jitted optax Adam loop over shuffled mini-batches with the code's "type1"
-schedule ``lr_e = lr * decay^(e - 1)`` per epoch and early stopping on the validation loss (the best
-parameters are kept). :func:`evaluate` scores sample forecasts with MSE/MAE of the sample mean, ensemble
-CRPS, QICE, central-interval coverage and PIT calibration error (:mod:`primitives.probabilistic_metrics`).
+schedule ``lr_e = lr * decay^(e - 1)`` per epoch (:func:`make_optimizer`) and early stopping on the validation
+loss (the best parameters are kept). :func:`evaluate` scores sample forecasts with MSE/MAE of the sample mean,
+ensemble CRPS, QICE, central-interval coverage and PIT calibration error (:mod:`primitives.probabilistic_metrics`).
 
 Usage:
 
@@ -83,6 +83,9 @@ __all__ = [
     "make_ddpm_loss",
     "sample_ddpm",
     "quantile_levels",
+    "epoch_learning_rate",
+    "epoch_steps",
+    "make_optimizer",
     "train",
     "sample_ppm",
     "predict",
@@ -363,6 +366,40 @@ def _check_windows(name, data):
                          f"{np.shape(x)}, {np.shape(y)}")
 
 
+def epoch_learning_rate(config: TrainConfig, epoch: int) -> float:
+    """The "type1" learning rate of 1-based `epoch`: ``lr * decay^(epoch - 1)``."""
+    return config.learning_rate * config.lr_decay ** (epoch - 1)
+
+
+def epoch_steps(num_windows: int, config: TrainConfig) -> tuple[int, int]:
+    """(windows per step, steps per epoch) of :func:`train` on `num_windows` training windows."""
+    if num_windows < 1:
+        raise ValueError(f"num_windows must be >= 1, got {num_windows}")
+    bs = min(config.batch_size, num_windows)
+    steps = num_windows // bs
+    if config.max_steps_per_epoch:
+        steps = min(steps, config.max_steps_per_epoch)
+    return bs, steps
+
+
+def make_optimizer(config: TrainConfig, steps_per_epoch: int) -> optax.GradientTransformation:
+    """The optimizer :func:`train` steps with: Adam's unit step (`optax.scale_by_adam`) times ``-lr_e``.
+
+    ``lr_e`` is the "type1" rate of the step's epoch (:func:`epoch_learning_rate`, computed in float64 and
+    rounded to float32 once), looked up by ``step // steps_per_epoch`` (the last epoch's rate past
+    ``config.epochs``); :func:`train` takes exactly `steps_per_epoch` steps per epoch, so step s is in epoch
+    ``s // steps_per_epoch + 1``.
+    """
+    if steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+    rates = np.asarray([epoch_learning_rate(config, e) for e in range(1, config.epochs + 1)], np.float32)
+
+    def learning_rate(count):
+        return jnp.asarray(rates)[jnp.minimum(count // steps_per_epoch, config.epochs - 1)]
+
+    return optax.chain(optax.scale_by_adam(), optax.scale_by_learning_rate(learning_rate))
+
+
 def train(model: nnx.Module, loss_fn: LossFn, train_data, val_data, *, key: jax.Array,
           config: TrainConfig = TrainConfig()) -> TrainResult:
     """Adam on mini-batches of ``train_data = (x, y)`` with per-epoch lr decay and early stopping.
@@ -384,12 +421,10 @@ def train(model: nnx.Module, loss_fn: LossFn, train_data, val_data, *, key: jax.
     _check_windows("val_data", val_data)
     x_tr, y_tr = (np.asarray(a, np.float32) for a in train_data)
     x_va, y_va = (np.asarray(a, np.float32) for a in val_data)
-    n, bs = x_tr.shape[0], min(config.batch_size, x_tr.shape[0])
-    steps_per_epoch = n // bs
-    if config.max_steps_per_epoch:
-        steps_per_epoch = min(steps_per_epoch, config.max_steps_per_epoch)
+    n = x_tr.shape[0]
+    bs, steps_per_epoch = epoch_steps(n, config)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    opt = optax.scale_by_adam()
+    opt = make_optimizer(config, steps_per_epoch)
     opt_state = opt.init(params)
 
     def loss_of(p, x, y, k):
@@ -397,11 +432,10 @@ def train(model: nnx.Module, loss_fn: LossFn, train_data, val_data, *, key: jax.
         return loss, parts
 
     @jax.jit
-    def step(p, s, lr, x, y, k):
+    def step(p, s, x, y, k):
         (loss, _), grads = jax.value_and_grad(loss_of, has_aux=True)(p, x, y, k)
         updates, s = opt.update(grads, s, p)
-        p = jax.tree.map(lambda w, u: w - lr * u, p, updates)
-        return p, s, loss
+        return optax.apply_updates(p, updates), s, loss
 
     @jax.jit
     def val_loss(p, x, y, k):
@@ -424,14 +458,13 @@ def train(model: nnx.Module, loss_fn: LossFn, train_data, val_data, *, key: jax.
     bar = tqdm(total=config.epochs * steps_per_epoch, desc="train", disable=not config.progress, leave=False)
     for epoch in range(1, config.epochs + 1):
         t0 = time.perf_counter()
-        lr = config.learning_rate * config.lr_decay ** (epoch - 1)
+        lr = epoch_learning_rate(config, epoch)  # what `opt` scales this epoch's steps by
         ekey = jax.random.fold_in(key, epoch)
         perm = _np_rng(ekey).permutation(n)  # numpy: jax's shuffle compiles for seconds on a small CPU
         tot = 0.0
         for i in range(steps_per_epoch):
             idx = perm[i * bs:(i + 1) * bs]
-            params, opt_state, loss = step(params, opt_state, jnp.float32(lr), x_tr[idx], y_tr[idx],
-                                           jax.random.fold_in(ekey, i + 1))
+            params, opt_state, loss = step(params, opt_state, x_tr[idx], y_tr[idx], jax.random.fold_in(ekey, i + 1))
             tot += float(loss)
             steps += 1
             bar.update(1)

@@ -26,7 +26,8 @@ Pieces (all pure functions over arrays, plus two Flax NNX modules):
     and `multi_positive_loss` (bidirectional multi-positive InfoNCE).
   * **training** `train_weightclip`: joint AE + dataset encoder (``L = L_recon + w * L_align``), or post-hoc
     (``freeze_ae=True``: the AE latents are fixed and only the dataset encoder and the bias learn), or
-    reconstruction only (``align_weight=0``); AdamW with a one-cycle schedule, grad-clip 1.0, tqdm.
+    reconstruction only (``align_weight=0``); AdamW with a one-cycle schedule, grad-clip 1.0 (`make_optimizer`),
+    one step's loss with its model and set draws `step_loss`, tqdm.
   * **dataset -> model**: `fit_ridge` / `predict_ridge` (the spec's closed-form linear mapper, ``lambda = 1e-4 *
     mean(diag(X^T X))``), retrieval scores `token_scores` and `recall_at_k`.
   * **latent refinement** `refine_latent`: Adam on the latent through the frozen decoder + detokeniser on the
@@ -75,7 +76,8 @@ from algorithms.weight_space import zoo as zoo_lib
 
 __all__ = ["WeightTokenizer", "tokenize", "detokenize", "align_to_reference", "canonical_layers",
            "masked_normalized_mse", "siglip_alignment_loss", "multi_positive_loss", "WeightAE", "DatasetEncoder",
-           "DatasetPool", "sample_sets", "TrainConfig", "train_weightclip", "embed_models", "embed_datasets",
+           "DatasetPool", "sample_sets", "TrainConfig", "make_optimizer", "step_loss", "train_weightclip",
+           "embed_models", "embed_datasets",
            "token_scores", "recall_at_k", "fit_ridge", "predict_ridge", "shell_scale", "refine_latent",
            "finetune_weights", "mlp_loss"]
 
@@ -396,8 +398,9 @@ class WeightAE(nnx.Module):
             raise ValueError(f"positions: expected [T, 3], got {positions.shape}")
         t, n_layers = positions.shape[0], int(positions[:, 1].max()) + 1
         self.tokensize = tokensize
-        self.token_id = nnx.Variable(jnp.asarray(positions[:, 0]))
-        self.layer_id = nnx.Variable(jnp.asarray(positions[:, 1]))
+        # static (plain ints in the graph definition, not state): the module's state is only its parameters
+        self.token_id = tuple(int(i) for i in positions[:, 0])
+        self.layer_id = tuple(int(i) for i in positions[:, 1])
         self.embed_in = nnx.Linear(tokensize, d_model, rngs=rngs)
         self.pos_enc = nnx.Embed(t, d_model, rngs=rngs)
         self.lay_enc = nnx.Embed(n_layers, d_model, rngs=rngs)
@@ -412,17 +415,16 @@ class WeightAE(nnx.Module):
 
     def encode(self, tokens: jax.Array) -> jax.Array:
         """tokens ``[..., T, tokensize]`` -> per-token latents ``[..., T, D]``."""
-        if tokens.shape[-2:] != (self.token_id[...].shape[0], self.tokensize):
-            raise ValueError(f"tokens: expected [..., {self.token_id[...].shape[0]}, {self.tokensize}], "
-                             f"got {tokens.shape}")
-        h = self.embed_in(tokens) + self.pos_enc(self.token_id[...]) + self.lay_enc(self.layer_id[...])
+        if tokens.shape[-2:] != (len(self.token_id), self.tokensize):
+            raise ValueError(f"tokens: expected [..., {len(self.token_id)}, {self.tokensize}], got {tokens.shape}")
+        h = self.embed_in(tokens) + self.pos_enc(jnp.asarray(self.token_id)) + self.lay_enc(jnp.asarray(self.layer_id))
         for blk in self.enc:
             h = blk(h)
         return self.to_latent(h)
 
     def decode(self, z: jax.Array) -> jax.Array:
         """latents ``[..., T, D]`` -> tokens ``[..., T, tokensize]``."""
-        h = self.from_latent(z) + self.pos_dec(self.token_id[...]) + self.lay_dec(self.layer_id[...])
+        h = self.from_latent(z) + self.pos_dec(jnp.asarray(self.token_id)) + self.lay_dec(jnp.asarray(self.layer_id))
         for blk in self.dec:
             h = blk(h)
         return self.embed_out(self.ln_out(h))
@@ -529,6 +531,54 @@ class TrainConfig:
             raise ValueError("align_weight: expected > 0 with freeze_ae=True (nothing would train)")
 
 
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    """The optimizer `train_weightclip` steps with, over ``{"ae", "enc", "bias"}``: global-norm clipping, then
+    AdamW with optax's one-cycle schedule over ``cfg.steps`` (peak ``cfg.lr``) and weight decay on matrices only;
+    with ``cfg.freeze_ae`` the ``"ae"`` sub-tree gets zero updates."""
+    sched = optax.cosine_onecycle_schedule(cfg.steps, cfg.lr)
+    mask_fn = lambda p: jax.tree.map(lambda x: x.ndim > 1, p)  # no decay on biases / norms
+    tx = optax.chain(optax.clip_by_global_norm(cfg.clip),
+                     optax.adamw(sched, weight_decay=cfg.weight_decay, mask=mask_fn))
+    if cfg.freeze_ae:
+        tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()},
+                                   {"ae": "frozen", "enc": "train", "bias": "train"})
+    return tx
+
+
+def step_loss(ae: WeightAE, enc: DatasetEncoder, bias: jax.Array, tokens: jax.Array, token_mask: jax.Array,
+              pool: DatasetPool, dataset_id: jax.Array, key: jax.Array, cfg: TrainConfig, *, batch_size: int):
+    """The loss of one `train_weightclip` step: draws ``batch_size`` of the M models (without replacement) and
+    one ``cfg.set_size`` set of each one's dataset from `key`, then ``L_recon + align_weight * L_align``.
+
+    Args:
+      ae, enc: the modules; bias: the SigLIP bias (scalar).
+      tokens: ``[M, T, tokensize]``; token_mask: ``[T, tokensize]``; pool: the M models' datasets;
+      dataset_id: ``[M]``; key: the step's key; cfg: the settings; batch_size: models per step.
+
+    Returns:
+      ``(loss, (recon, align))``.
+    """
+    k1, k2 = jax.random.split(key)
+    idx = jax.random.choice(k1, tokens.shape[0], (batch_size,), replace=False)
+    tok_valid = (token_mask.sum(-1) > 0).astype(jnp.float32)              # [T]
+    x = tokens[idx]
+    z, xh = ae(x)
+    recon = masked_normalized_mse(xh, x, token_mask) if not cfg.freeze_ae else jnp.zeros(())
+    if cfg.freeze_ae:
+        z = jax.lax.stop_gradient(z)
+    if cfg.align_weight == 0:
+        return recon, (recon, jnp.zeros(()))
+    xs, ys = sample_sets(pool, idx, k2, cfg.set_size)
+    d = enc(xs, ys)
+    b, t, dd = z.shape
+    pos = jnp.repeat(dataset_id[idx][:, None] == dataset_id[idx][None, :], t, axis=0)   # [B*T, B]
+    tm = jnp.tile(tok_valid, b) if cfg.mask_padding_tokens else None
+    align_fn = siglip_alignment_loss if cfg.objective == "siglip" else multi_positive_loss
+    kw = {"reduction": cfg.siglip_reduction} if cfg.objective == "siglip" else {}
+    al = align_fn(z.reshape(b * t, dd), d, pos, temperature=cfg.temperature, bias=bias, token_mask=tm, **kw)
+    return recon + cfg.align_weight * al, (recon, al)
+
+
 def train_weightclip(ae: WeightAE, enc: DatasetEncoder, tokens: np.ndarray, token_mask: np.ndarray,
                      pool: DatasetPool, dataset_id: np.ndarray, cfg: TrainConfig, *, key: jax.Array,
                      progress: bool = True) -> tuple[WeightAE, DatasetEncoder, float, dict]:
@@ -560,42 +610,18 @@ def train_weightclip(ae: WeightAE, enc: DatasetEncoder, tokens: np.ndarray, toke
     ae_g, ae_p, ae_rest = nnx.split(ae, nnx.Param, ...)
     en_g, en_p = nnx.split(enc, nnx.Param)
     params = {"ae": ae_p, "enc": en_p, "bias": jnp.asarray(cfg.bias_init, jnp.float32)}
-    sched = optax.cosine_onecycle_schedule(cfg.steps, cfg.lr)
-    mask_fn = lambda p: jax.tree.map(lambda x: x.ndim > 1, p)  # no decay on biases / norms
-    tx = optax.chain(optax.clip_by_global_norm(cfg.clip),
-                     optax.adamw(sched, weight_decay=cfg.weight_decay, mask=mask_fn))
-    if cfg.freeze_ae:
-        tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()},
-                                   {"ae": "frozen", "enc": "train", "bias": "train"})
+    tx = make_optimizer(cfg)
     opt = tx.init(params)
     tokens, tmask = jnp.asarray(tokens), jnp.asarray(token_mask)
-    tok_valid = (tmask.sum(-1) > 0).astype(jnp.float32)              # [T]
     ids = jnp.asarray(dataset_id)
-    align_fn = siglip_alignment_loss if cfg.objective == "siglip" else multi_positive_loss
 
-    def loss_fn(p, idx, k):
-        model = nnx.merge(ae_g, p["ae"], ae_rest)
-        x = tokens[idx]
-        z, xh = model(x)
-        recon = masked_normalized_mse(xh, x, tmask) if not cfg.freeze_ae else jnp.zeros(())
-        if cfg.freeze_ae:
-            z = jax.lax.stop_gradient(z)
-        if cfg.align_weight == 0:
-            return recon, (recon, jnp.zeros(()))
-        xs, ys = sample_sets(pool, idx, k, cfg.set_size)
-        d = nnx.merge(en_g, p["enc"])(xs, ys)
-        b, t, dd = z.shape
-        pos = jnp.repeat(ids[idx][:, None] == ids[idx][None, :], t, axis=0)   # [B*T, B]
-        tm = jnp.tile(tok_valid, b) if cfg.mask_padding_tokens else None
-        kw = {"reduction": cfg.siglip_reduction} if cfg.objective == "siglip" else {}
-        al = align_fn(z.reshape(b * t, dd), d, pos, temperature=cfg.temperature, bias=p["bias"], token_mask=tm, **kw)
-        return recon + cfg.align_weight * al, (recon, al)
+    def loss_fn(p, k):
+        return step_loss(nnx.merge(ae_g, p["ae"], ae_rest), nnx.merge(en_g, p["enc"]), p["bias"], tokens, tmask, pool,
+                         ids, k, cfg, batch_size=bs)
 
     @jax.jit
     def step(p, o, k):
-        k1, k2 = jax.random.split(k)
-        idx = jax.random.choice(k1, m, (bs,), replace=False)
-        (_, (r, a)), g = jax.value_and_grad(loss_fn, has_aux=True)(p, idx, k2)
+        (_, (r, a)), g = jax.value_and_grad(loss_fn, has_aux=True)(p, k)
         upd, o = tx.update(g, o, p)
         return optax.apply_updates(p, upd), o, r, a
 

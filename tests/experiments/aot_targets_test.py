@@ -107,6 +107,7 @@ PINNED_ELSEWHERE = {
     "plmd": "aot_targets_other_test.py", "fm_active_learning": "aot_targets_other_test.py",
     "eelma": "aot_targets_other_test.py", "mvprobe": "aot_targets_other_test.py",
     "e2i_vrwkv": "aot_targets_e2i_test.py",
+    "ppm": "aot_targets_weights_test.py", "weightclip": "aot_targets_weights_test.py",
 }
 
 
