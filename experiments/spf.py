@@ -58,6 +58,7 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from algorithms.optimization import stochastic_path_follower as spf
 from experiments import _plotting as plotting
@@ -218,28 +219,46 @@ def _spf_data_batch(c: Config, loss: str) -> int:
     return max(1, t.data_batch * _replicas(t.spf_loss) // _replicas(loss))
 
 
+def _loss_options(c: Config, method: str, *, malliavin_weight=None, loss=None) -> dict:
+    """The options of `spf.episode_loss` (and `train_path_follower`) for `method` ("spf" or "pdm")."""
+    t = c.train
+    loss = t.spf_loss if loss is None else loss
+    return dict(method=method, num_paths=t.num_paths, loss=loss,
+                malliavin_weight=t.malliavin_weight if malliavin_weight is None else malliavin_weight,
+                kappa=t.kappa, data_batch=_spf_data_batch(c, loss) if method == "spf" else _pdm_data_batch(c))
+
+
 def _train(c: Config, problem, sde, x0, ts, key, method, *, malliavin_weight=None, loss=None):
     # Sequential runs through train_path_follower, whose jitted update is cached per (method, lambda), so the
     # seeds share one compilation. (A vmapped trainer over seeds and lambdas was 2-3x faster per run but
     # hung inside the XLA CPU runtime, intermittently, on the loaded 2-core machine.)
     t = c.train
-    loss = t.spf_loss if loss is None else loss
     return spf.train_path_follower(
-        problem, sde, x0, ts, key, method=method, num_episodes=t.num_episodes, num_paths=t.num_paths,
-        learning_rate=t.learning_rate, loss=loss,
-        malliavin_weight=t.malliavin_weight if malliavin_weight is None else malliavin_weight,
-        kappa=t.kappa, data_batch=_spf_data_batch(c, loss) if method == "spf" else _pdm_data_batch(c),
+        problem, sde, x0, ts, key, num_episodes=t.num_episodes, learning_rate=t.learning_rate,
+        **_loss_options(c, method, malliavin_weight=malliavin_weight, loss=loss),
         lr_decay=t.lr_decay, log_every=max(t.num_episodes // 40, 1), progress=c.progress,
         compiler_options=_compiler_options(c), snapshot_at=t.snapshot_episodes)
 
 
-def _run_problem(c: Config, name: str, key) -> dict:
-    # SPF, its ablation and PDM share one training key (same init, same noise): a paired comparison.
+def _problem_keys(c: Config):
+    """`(problem name -> key, runtime-sweep key)`: one key per problem of PROBLEMS, whichever subset runs (a
+    one-problem preset, loss_study, sees the quick preset's problem instance and training keys)."""
+    kprob, krt = jax.random.split(jax.random.key(c.seed))
+    return dict(zip(PROBLEMS, jax.random.split(kprob, len(PROBLEMS)))), krt
+
+
+def _setting(c: Config, name: str, key):
+    """`(problem, ts, x0, sde, (ktrain, kpar, kpsg, keval))` of problem `name` from its key."""
     kp, ktrain, kpar, kpsg, keval = jax.random.split(key, 5)
     problem = _problem(c, name, kp)
     ts = jnp.linspace(0.0, c.horizon, c.num_steps + 1)
     x0 = problem.optimum(jnp.float32(0.0)) if c.start_at_optimum else jnp.zeros((c.dim,), jnp.float32)
-    sde = _sde(c)
+    return problem, ts, x0, _sde(c), (ktrain, kpar, kpsg, keval)
+
+
+def _run_problem(c: Config, name: str, key) -> dict:
+    # SPF, its ablation and PDM share one training key (same init, same noise): a paired comparison.
+    problem, ts, x0, sde, (ktrain, kpar, kpsg, keval) = _setting(c, name, key)
     out: dict = {"curves": {}, "history": {}, "metrics": {}}
 
     def record(label, paths, history=None, seconds=None):
@@ -451,13 +470,54 @@ def study_summary(study: Mapping[str, Any]) -> str:
             + f": the gap is explained by {_EXPLAIN[study['explanation']]}")
 
 
+class _SDEModule(nnx.Module):
+    """A `spf.NeuralSDE`'s raw parameter pytree (``{"drift": [...], "diffusion": [...]}``) as `nnx.Param` leaves,
+    so that `algorithms.training.init_train_state` can hold it (only for ``experiments aot``; `run` trains the
+    raw pytree through `spf.train_path_follower`)."""
+
+    def __init__(self, params: dict):
+        self.params = nnx.data(jax.tree.map(nnx.Param, params))
+
+    def raw(self) -> dict:
+        return jax.tree.map(lambda v: v[...], self.params, is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+
+def _step_loss(model: _SDEModule, batch: Mapping[str, Any], *, problem, sde, x0, ts, options: Mapping[str, Any]):
+    """`spf.episode_loss` of one episode, its PRNG key carried in the batch.
+
+    An episode simulates its ``num_paths`` paths (noise and data) inside the step from one key, and `x0`, `ts` are
+    the run's constants, so there are no per-example inputs: the batch is the key's raw data ``[num_paths, 2]``
+    uint32 (one row per path, so the batch axis is the episode's paths), and row 0 is the episode's key.
+    """
+    key = jax.random.wrap_key_data(batch["key"][0])
+    return spf.episode_loss(model.raw(), problem, sde, x0, ts, key, **options)
+
+
+def train_step(c: Config):
+    """SPF's episode update as `run` trains it (`spf.train_path_follower`, method "spf" with ``train.spf_loss``),
+    for ``python -m experiments aot spf`` (`experiments.aot`): the neural SDE of ``c.problems[0]`` (its parameters
+    at the first seed's init), `spf.episode_loss` with `run`'s options (`_loss_options`), Adam from
+    `spf.make_optimizer`, and a batch of ``train.num_paths`` rows (see `_step_loss`: the paths are simulated
+    inside the step from the episode key, so each chip of a slice runs the whole episode). PDM, the lambda = 0
+    ablation and extra losses train the same model with the same optimizer and another `episode_loss`."""
+    import functools
+
+    from experiments import aot
+
+    t = c.train
+    problem, ts, x0, sde, (ktrain, *_) = _setting(c, c.problems[0], _problem_keys(c)[0][c.problems[0]])
+    kinit, _ = jax.random.split(jax.random.fold_in(ktrain, 0))  # train_path_follower's init key of seed 0
+    key_data = jax.random.key_data(kinit)
+    batch = {"key": jnp.zeros((t.num_paths, *key_data.shape), key_data.dtype)}
+    return aot.TrainStep.from_batch(
+        batch, model=sde, model_fn=lambda rngs: _SDEModule(sde.init(kinit)),
+        loss_fn=functools.partial(_step_loss, problem=problem, sde=sde, x0=x0, ts=ts, options=_loss_options(c, "spf")),
+        optimizer=spf.make_optimizer(float(t.learning_rate), t.num_episodes, float(t.lr_decay)))
+
+
 def run(c: Config, workdir: pathlib.Path) -> dict:
     workdir = pathlib.Path(workdir)
-    key = jax.random.key(c.seed)
-    kprob, krt = jax.random.split(key)
-    # One key per problem of PROBLEMS, whichever subset runs: a one-problem preset (loss_study) sees the
-    # quick preset's problem instance and training keys.
-    problem_keys = dict(zip(PROBLEMS, jax.random.split(kprob, len(PROBLEMS))))
+    problem_keys, krt = _problem_keys(c)
     results = {name: _run_problem(c, name, problem_keys[name]) for name in c.problems}
     rows = _runtime_sweep(c, krt)["rows"] if c.runtime.widths else []
     t, tol, big = c.train, c.eval.pdm_tolerance, c.baselines.psg_large_batch
@@ -692,4 +752,5 @@ EXPERIMENT = registry.Experiment(
                                                       reps=5)),
     },
     run=run,
+    train_step=train_step,
 )

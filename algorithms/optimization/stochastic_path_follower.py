@@ -7,7 +7,8 @@ episode integrates `n + n^2` components (state, first variation) whatever the pa
   Problems: `TVSOProblem`, `pointwise_loss`, `least_squares_recovery`, `logistic_regression_drift`.
   Model:    `NeuralSDE`, `simulate_paths` (paths and first variation); `tracking_metrics` (distance, suboptimality).
   SPF:      `spf_surrogate` / `spf_gradient` (loss in `LOSSES`), `path_following_drift`,
-            `population_energy` (diagnostic), `train_path_follower` (Adam; any of `METHODS`).
+            `population_energy` (diagnostic), `train_path_follower` (Adam; any of `METHODS`), its
+            `make_optimizer` and `episode_loss` (the loss it differentiates for "spf" and "pdm").
   Baselines: `pdm_objective` (backprop through the Euler path), `pdm_forward_gradient` (sensitivity
             SDE), `proximal_stochastic_gradient` / `tune_psg` (PSG with iterate averaging),
             `legendre_basis` / `parametric_path` / `fit_parametric_path` (parametric path, Adam).
@@ -67,6 +68,7 @@ __all__ = [
     "TVSOProblem", "least_squares_recovery", "logistic_regression_drift", "pointwise_loss",
     "NeuralSDE", "simulate_paths", "spf_surrogate", "spf_gradient", "path_following_drift",
     "population_energy", "pdm_objective", "pdm_forward_gradient", "TrainResult", "train_path_follower",
+    "make_optimizer", "episode_loss",
     "proximal_stochastic_gradient", "tune_psg", "legendre_basis", "parametric_path", "fit_parametric_path",
     "tracking_metrics", "LOSSES", "METHODS", "FAST_COMPILE",
 ]
@@ -660,19 +662,40 @@ def _run_episodes(update, params, opt_state, keys, *, log_every: int, progress: 
     return TrainResult(out.state[0], history, out.seconds_per_step, snapshots)
 
 
+def make_optimizer(learning_rate: float, num_episodes: int, lr_decay: float) -> optax.GradientTransformation:
+    """`train_path_follower`'s optimizer: Adam at `learning_rate`, cosine-decayed to `lr_decay` of it over
+    `num_episodes` (constant when `lr_decay` is 1)."""
+    return optax.adam(_schedule(learning_rate, num_episodes, lr_decay))
+
+
+def episode_loss(params: dict, problem: TVSOProblem, sde: NeuralSDE, x0: jax.Array, ts: jax.Array, key: jax.Array,
+                 *, method: str, num_paths: int, loss: str = "energy", malliavin_weight: float = 0.1,
+                 kappa: float = 5.0, data_batch: int = 1) -> tuple[jax.Array, dict]:
+    """`(loss [], aux)` of one episode whose gradient in `params` is `train_path_follower`'s update direction.
+
+    `method="spf"`: `spf_surrogate` (options as there); `"pdm"`: `pdm_objective` (`loss`, `malliavin_weight`,
+    `kappa` unused). `"pdm_forward"` has no such loss (its gradient is `pdm_forward_gradient`'s sensitivity SDE).
+    """
+    if method == "spf":
+        return spf_surrogate(params, problem, sde, x0, ts, key, num_paths=num_paths, loss=loss,
+                             malliavin_weight=malliavin_weight, kappa=kappa, data_batch=data_batch)
+    if method == "pdm":
+        return pdm_objective(params, problem, sde, x0, ts, key, num_paths=num_paths, data_batch=data_batch)
+    raise ValueError(f"episode_loss takes method 'spf' or 'pdm' (pdm_forward differentiates no loss); got {method!r}")
+
+
 @functools.lru_cache(maxsize=32)
 def _make_update(problem, sde, method, num_paths, loss, malliavin_weight, kappa, data_batch, learning_rate,
                  num_episodes, lr_decay):
     """Optimizer and one jitted Adam update, cached so repeated runs (seeds) compile once."""
-    opt = optax.adam(_schedule(learning_rate, num_episodes, lr_decay))
+    opt = make_optimizer(learning_rate, num_episodes, lr_decay)
 
     def grad_fn(p, k, x0, ts):
-        if method == "spf":
-            return spf_gradient(p, problem, sde, x0, ts, k, num_paths=num_paths, loss=loss,
-                                malliavin_weight=malliavin_weight, kappa=kappa, data_batch=data_batch)
-        if method == "pdm":
-            return jax.grad(pdm_objective, has_aux=True)(p, problem, sde, x0, ts, k, num_paths=num_paths,
-                                                         data_batch=data_batch)
+        if method in ("spf", "pdm"):
+            return jax.grad(episode_loss, has_aux=True)(p, problem, sde, x0, ts, k, method=method,
+                                                        num_paths=num_paths, loss=loss,
+                                                        malliavin_weight=malliavin_weight, kappa=kappa,
+                                                        data_batch=data_batch)
         return pdm_forward_gradient(p, problem, sde, x0, ts, k, num_paths=num_paths, data_batch=data_batch)
 
     @jax.jit

@@ -108,6 +108,7 @@ PINNED_ELSEWHERE = {
     "eelma": "aot_targets_other_test.py", "mvprobe": "aot_targets_other_test.py",
     "e2i_vrwkv": "aot_targets_e2i_test.py",
     "ppm": "aot_targets_weights_test.py", "weightclip": "aot_targets_weights_test.py",
+    "spf": "aot_targets_spf_test.py",
 }
 
 
