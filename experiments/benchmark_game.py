@@ -556,8 +556,8 @@ EXPERIMENT = registry.Experiment(
     presets={
         "smoke": lambda: Config(search=SearchConfig(full_grid_points=13, grid_points=41, dynamics_rounds=60,
                                                     num_starts=3),
-                                tbt=TbTConfig(num_deltas=5), scaling=ScalingConfig(num_gaps=4),
-                                fig1=Fig1Config(checkpoints=11, num_tbt=4, fit_iters=40),
+                                tbt=TbTConfig(num_deltas=3), scaling=ScalingConfig(num_gaps=3),
+                                fig1=Fig1Config(checkpoints=11, num_tbt=2, fit_iters=40),
                                 flat=FlatCostConfig(grid_points=11), progress=False),
         "quick": lambda: Config(),
         "paper": lambda: Config(search=SearchConfig(full_grid_points=101, grid_points=1001, dynamics_rounds=1200,

@@ -673,7 +673,7 @@ EXPERIMENT = registry.Experiment(
     slug="moe_rerouting",
     config_cls=Config,
     presets={
-        "smoke": lambda: Config(model=MoELMConfig(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=64,
+        "smoke": lambda: Config(model=MoELMConfig(d_model=32, num_layers=1, num_heads=4, num_kv_heads=2, d_ff=64,
                                                   moe=MoEConfig(num_experts=4, experts_per_token=2)),
                                 train=TrainSection(seq_len=32, batch_size=8, steps=4),
                                 eval=EvalSection(per_family=2, em_prompts_per_family=3, prompt_len=24, cont_len=6),

@@ -613,7 +613,7 @@ EXPERIMENT = registry.Experiment(
     config_cls=Config,
     presets={
         "smoke": lambda: Config(model=LMConfig(d_model=32, num_layers=3, num_heads=4, num_kv_heads=2, d_ff=64),
-                                train=TrainSection(batch_size=32, num_steps=40), extract=ExtractSection(samples=32),
+                                train=TrainSection(batch_size=32, num_steps=40), extract=ExtractSection(samples=16),
                                 steer=SteerSection(coefficients=(1.0, 4.0), head_counts=(1, 2), random_head_sets=1,
                                                    eval_prompts=16, max_new_tokens=8),
                                 checks=ChecksSection(claimed_heads=2), progress=False),
