@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -113,12 +114,21 @@ def _tune_task(spec: InductionSpec, tc: TuneConfig) -> SpanCopyTask:
     return SpanCopyTask(vocab_size=spec.vocab_size, record_size=spec.record_size, seed=tc.seed + 1)
 
 
-def tune_step(vocab_size: int, tc: TuneConfig):
+def tune_step(slug: str, workloads: Sequence[str], vocab_size: int, tc: TuneConfig):
     """The ``tuned`` workload's fine-tuning step (`tuned_model`'s `fit` step) as an `experiments.aot.TrainStep`:
     the constructed LM's `TransformerConfig` (the perturbation changes values, not shapes), `tune_optimizer`,
-    `answer_loss` and the global batch of the first fine-tuning step (`_tune_batch`)."""
+    `answer_loss` and the global batch of the first fine-tuning step (`_tune_batch`). It is the only step
+    `slug` (vegas or ffd) trains: the other workloads are constructed.
+
+    Raises:
+      ValueError: `workloads` leave out ``tuned``, so the run trains nothing.
+    """
     from experiments import aot
     from models import Transformer
+
+    if "tuned" not in workloads:
+        raise ValueError(f"{slug} trains nothing with lm.workloads={tuple(workloads)!r} (only the 'tuned' workload is "
+                         "fine-tuned; the others are constructed); pass a preset with it, e.g. --preset paper")
 
     spec = tune_spec(vocab_size, tc)
     cfg = spec.config()

@@ -520,17 +520,9 @@ def headline(metrics: Mapping[str, Any]) -> str:
 
 
 def train_step(c: Config):
-    """The ``tuned`` workload's fine-tuning step (`experiments._long_context.tuned_model`, shared with
-    vegas), for ``python -m experiments aot ffd`` (`experiments.aot`); the other
-    workloads are constructed, not trained.
-
-    Raises:
-      ValueError: the preset's workloads (lm.workloads) leave out ``tuned``, so `run` trains nothing.
-    """
-    if "tuned" not in c.lm.workloads:
-        raise ValueError(f"ffd trains nothing with lm.workloads={c.lm.workloads!r} (only the 'tuned' workload is "
-                         "fine-tuned; the others are constructed); pass a preset with it, e.g. --preset paper")
-    return lc.tune_step(c.lm.vocab_size, c.lm.tune)
+    """The ``tuned`` workload's fine-tuning step (`experiments._long_context.tune_step`, shared with vegas), for
+    ``python -m experiments aot ffd`` (`experiments.aot`)."""
+    return lc.tune_step("ffd", c.lm.workloads, c.lm.vocab_size, c.lm.tune)
 
 
 def run(c: Config, workdir: pathlib.Path) -> dict:
