@@ -117,6 +117,13 @@ class OptimizerConfig:
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0; got {self.learning_rate}")
 
+    @classmethod
+    def constant_adam(cls, learning_rate: float, total_steps: int, *, b2: float = 0.999) -> "OptimizerConfig":
+        """Plain Adam at a constant rate (optax's defaults b1 0.9, eps 1e-8; no weight decay, no clipping):
+        `make_optimizer` of it updates bit-identically to ``optax.adam(learning_rate, b2=b2)``."""
+        return cls(learning_rate=learning_rate, warmup_steps=0, total_steps=total_steps, end_lr_fraction=1.0,
+                   weight_decay=0.0, b1=0.9, b2=b2, eps=1e-8, clip_norm=None)
+
     def schedule(self) -> optax.Schedule:
         return optax.warmup_cosine_decay_schedule(
             init_value=0.0,

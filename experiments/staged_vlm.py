@@ -471,8 +471,7 @@ def _sft_optimizer(c: Config) -> training.OptimizerConfig:
     decay, no clipping: ``training.make_optimizer`` of it is exactly ``optax.adamw(sft.lr, weight_decay=0.0)``
     (warmup 0 and an end rate equal to the peak make the cosine schedule the constant ``sft.lr``; a zero decay
     is skipped by optax)."""
-    return training.OptimizerConfig(learning_rate=c.sft.lr, warmup_steps=0, total_steps=max(c.sft.steps, 1),
-                                    end_lr_fraction=1.0, weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, clip_norm=None)
+    return training.OptimizerConfig.constant_adam(c.sft.lr, max(c.sft.steps, 1))
 
 
 def _sft_loss(model: VLM, batch) -> tuple[jax.Array, dict]:

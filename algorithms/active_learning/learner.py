@@ -76,8 +76,7 @@ def optimizer_config(lr: float, steps: int) -> training.OptimizerConfig:
     learning rate); `training.make_optimizer` of this config updates bit-identically (pinned by
     tests/experiments/aot_targets_other_test.py).
     """
-    return training.OptimizerConfig(learning_rate=lr, warmup_steps=0, total_steps=steps, end_lr_fraction=1.0,
-                                    weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, clip_norm=None)
+    return training.OptimizerConfig.constant_adam(lr, steps)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps", "balanced", "num_classes"))

@@ -342,8 +342,7 @@ def optimizer_config(learning_rate: float, num_steps: int) -> training.Optimizer
     decay, no clipping (`training.make_optimizer` of it updates bit-identically to the ``optax.adam`` of
     `train_critics`, which keeps the optax state layout of its vmapped agents); the optimizer of
     ``python -m experiments aot eelma``."""
-    return training.OptimizerConfig(learning_rate=learning_rate, warmup_steps=0, total_steps=num_steps,
-                                    end_lr_fraction=1.0, weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, clip_norm=None)
+    return training.OptimizerConfig.constant_adam(learning_rate, num_steps)
 
 
 class TrainedCritics(NamedTuple):

@@ -194,8 +194,7 @@ def optimizer_config(config: PLMDConfig, *, steps: int) -> training.OptimizerCon
     updates are bit-identical to ``optax.adam(config.lr, b1=0.9, b2=0.99)``; `train` uses it, and so does the
     ahead-of-time compiled step of ``python -m experiments aot plmd``.
     """
-    return training.OptimizerConfig(learning_rate=config.lr, warmup_steps=0, total_steps=steps, end_lr_fraction=1.0,
-                                    weight_decay=0.0, b1=0.9, b2=0.99, eps=1e-8, clip_norm=None)
+    return training.OptimizerConfig.constant_adam(config.lr, steps, b2=0.99)
 
 
 def train(models: PLMDModels, data: Mapping[str, np.ndarray], config: PLMDConfig, *, steps: int, batch_size: int,

@@ -270,8 +270,7 @@ def member_optimizer_config(lr: float, steps: int) -> training.OptimizerConfig:
     `_train_one` itself applies ``optax.adam(1.0)`` scaled by the member's (traced, per-member) ``lr``: the same
     update up to float rounding (the scale is applied after Adam's unit step instead of inside it).
     """
-    return training.OptimizerConfig(learning_rate=lr, warmup_steps=0, total_steps=steps, end_lr_fraction=1.0,
-                                    weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, clip_norm=None)
+    return training.OptimizerConfig.constant_adam(lr, steps)
 
 
 def _loss(graphdef, state, x, labels, weights):
