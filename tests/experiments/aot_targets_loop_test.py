@@ -124,6 +124,11 @@ def test_nmars_hook_matches_what_the_arms_are_given(monkeypatch, tmp_path):
 def test_staged_vlm_step_is_the_warm_up_at_every_preset(monkeypatch, tmp_path):
     assert "opt = training.make_optimizer(_sft_optimizer(c))" in inspect.getsource(staged_vlm.warm_start)
     assert "_sft_batch_fn(c, tok)" in inspect.getsource(staged_vlm.warm_start)
+    # warm_start builds its model with `make_model`; built abstractly here (the same shapes and dtypes, the spy
+    # below records nothing else): an eager init of every preset's VLM compiled each initializer op per shape
+    make_model = staged_vlm.make_model
+    monkeypatch.setattr(staged_vlm, "make_model",
+                        lambda c_, tok_, seed: nnx.eval_shape(lambda: make_model(c_, tok_, seed)))
     for preset, c in _presets("staged_vlm"):
         step = staged_vlm.train_step(c)
         tok = staged_vlm.make_tokenizer(c.data.grid)
@@ -164,14 +169,17 @@ def test_staged_vlm_optimizer_config_is_bit_identical_to_the_adamw_it_replaced()
     batch_fn = staged_vlm._sft_batch_fn(c, tok)
     old, old_losses = sp.vlm_sft(graphdef, fresh(), batch_fn, steps=3,
                                  optimizer=optax.adamw(c.sft.lr, weight_decay=0.0), progress=False)
-    new, new_losses = sp.vlm_sft(graphdef, fresh(), batch_fn, steps=3,
-                                 optimizer=training.make_optimizer(staged_vlm._sft_optimizer(c)), progress=False)
+    new_opt = training.make_optimizer(staged_vlm._sft_optimizer(c))
+    new, new_losses = sp.vlm_sft(graphdef, fresh(), batch_fn, steps=3, optimizer=new_opt, progress=False)
     assert old_losses == new_losses
     for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # and the hook's step (`make_train_step` with its loss) takes the warm-up's step
     step = staged_vlm.train_step(c)
-    opt = training.make_optimizer(step.optimizer)
+    # the hook's optimizer settings are the warm-up's, so `make_optimizer` of them is the optimizer above: that
+    # object is reused, and with it the compiled warm-up step (the optimizer is a static argument of the step)
+    assert step.optimizer == staged_vlm._sft_optimizer(c)
+    opt = new_opt
     state = training.TrainState(jnp.zeros((), jnp.int32), fresh(), opt.init(params))
     state, metrics = training.make_train_step(graphdef, opt, loss_fn=step.loss_fn)(state, sp._sft_arrays(batch_fn(0)))
     one, losses = sp.vlm_sft(graphdef, fresh(), batch_fn, steps=1, optimizer=opt, progress=False)

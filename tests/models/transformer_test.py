@@ -25,6 +25,12 @@ def _forward(graphdef, state, tokens, cache=None, num_valid=None):
     return nnx.merge(graphdef, state)(tokens, cache=cache, num_valid=num_valid)
 
 
+@functools.partial(jax.jit, static_argnames="graphdef")
+def _packed_logits(graphdef, state, tokens, segment_ids=None, positions=None):
+    """One compiled forward per shape (eager calls compile every op again for each new shape)."""
+    return nnx.merge(graphdef, state)(tokens, segment_ids=segment_ids, positions=positions).logits
+
+
 @pytest.fixture(scope="module", params=[
     dict(num_kv_heads=2),                      # GQA
     dict(num_kv_heads=1, tie_embeddings=True),  # MQA, tied embeddings
@@ -126,7 +132,7 @@ def test_input_embeddings_and_attention_bias_hooks(model):
 
 def test_head_mask_equals_removing_the_heads_output_projection():
     model = Transformer(tiny_config(num_layers=1), rngs=nnx.Rngs(1))
-    tokens = jnp.asarray(np.random.default_rng(2).integers(0, VOCAB, (2, 5)), jnp.int32)
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, VOCAB, (2, 6)), jnp.int32)  # the eager calls' shape
     mask = jnp.array([[1.0, 0.0, 1.0, 0.0]])
     masked = model(tokens, head_mask=mask).logits
     # Same thing by editing the weights: zero the output projection of heads 1 and 3.
@@ -137,7 +143,7 @@ def test_head_mask_equals_removing_the_heads_output_projection():
 def test_residual_delta_after_last_block_shifts_the_final_stream():
     model = Transformer(tiny_config(), rngs=nnx.Rngs(2))
     c = model.config
-    tokens = jnp.zeros((1, 4), jnp.int32)
+    tokens = jnp.zeros((2, 6), jnp.int32)  # the shape of the other eager calls: their compiled ops are reused
     delta = jnp.zeros((c.num_layers, c.d_model)).at[-1].set(jnp.arange(c.d_model) / c.d_model)
     base = model(tokens, return_intermediates=True).intermediates["residuals"][-1]
     steered = model(tokens, residual_deltas=delta, return_intermediates=True).intermediates["residuals"][-1]
@@ -151,9 +157,10 @@ def test_segment_ids_make_packed_sequences_independent():
     packed = jnp.asarray(np.concatenate([a, b], 1), jnp.int32)
     seg = jnp.array([[0, 0, 0, 0, 1, 1, 1]])
     pos = jnp.array([[0, 1, 2, 3, 0, 1, 2]])
-    out = model(packed, segment_ids=seg, positions=pos).logits
-    np.testing.assert_allclose(out[:, :4], model(jnp.asarray(a)).logits, atol=1e-5)
-    np.testing.assert_allclose(out[:, 4:], model(jnp.asarray(b)).logits, atol=1e-5)
+    graphdef, state = nnx.split(model)
+    out = _packed_logits(graphdef, state, packed, seg, pos)
+    np.testing.assert_allclose(out[:, :4], _packed_logits(graphdef, state, jnp.asarray(a)), atol=1e-5)
+    np.testing.assert_allclose(out[:, 4:], _packed_logits(graphdef, state, jnp.asarray(b)), atol=1e-5)
 
 
 def test_every_parameter_has_logical_axes_and_the_count_matches():
@@ -203,7 +210,7 @@ def test_bad_hook_and_cache_arguments_are_rejected():
 
 def test_model_works_in_nnx_tree_mode():
     """Flax plans to make tree mode (no shared references) the default; the model must not notice."""
-    tokens = jnp.asarray(np.random.default_rng(5).integers(0, VOCAB, (2, 5)), jnp.int32)
+    tokens = jnp.asarray(np.random.default_rng(5).integers(0, VOCAB, (2, 6)), jnp.int32)  # the eager calls' shape
     graph_logits = Transformer(tiny_config(), rngs=nnx.Rngs(6))(tokens).logits
     with nnx.set_graph_mode(False):
         model = Transformer(tiny_config(), rngs=nnx.Rngs(6))

@@ -59,7 +59,7 @@ def test_shapes_and_media_influence_logits():
 
 def test_embed_places_projected_features():
     m = _model()
-    tokens, images, audio, _ = _batch(2)
+    tokens, images, audio, _ = _batch()  # the first test's shapes: its eager ops are compiled already
     x = m.embed(tokens, images, audio)
     np.testing.assert_allclose(x[:, 1:5], m.encode_images(images), rtol=1e-6)
     np.testing.assert_allclose(x[:, 5:14], m.encode_audio(audio), rtol=1e-6)
@@ -79,7 +79,7 @@ def test_text_only_equals_plain_lm():
 
 def test_generation_matches_generate_and_full_recompute():
     m = _model(1)
-    tokens, images, audio, b = _batch(3, seed=4)
+    tokens, images, audio, b = _batch(4, seed=4)  # the first test's batch size: its eager encoder ops are reused
     lengths = jnp.asarray(b["prompt_lengths"])
     n = 3
     got = m.generate_greedy(tokens, lengths, max_new_tokens=n, images=images, audio=audio)
@@ -88,13 +88,13 @@ def test_generation_matches_generate_and_full_recompute():
     ref = generate(m.lm, last, max_new_tokens=n, cache=cache)
     np.testing.assert_array_equal(got, ref.tokens)
     # reference 2: no cache, recompute the whole (padded) sequence each step
-    seqs = np.zeros((3, tokens.shape[1] + n), np.int32)
+    seqs = np.zeros((4, tokens.shape[1] + n), np.int32)
     seqs[:, :tokens.shape[1]] = np.asarray(tokens)
-    rows, lens = np.arange(3), np.asarray(lengths)
+    rows, lens = np.arange(4), np.asarray(lengths)
     for k in range(n):
         lg = np.asarray(_logits(m, jnp.asarray(seqs), images, audio))
         seqs[rows, lens + k] = lg[rows, lens + k - 1].argmax(-1)
-    np.testing.assert_array_equal(got, np.stack([seqs[i, lens[i]:lens[i] + n] for i in range(3)]))
+    np.testing.assert_array_equal(got, np.stack([seqs[i, lens[i]:lens[i] + n] for i in range(4)]))
 
 
 def test_overfit_reduces_loss():
@@ -120,7 +120,7 @@ def test_overfit_reduces_loss():
 
 def test_bad_input():
     m = _model()
-    tokens, images, audio, _ = _batch(2)
+    tokens, images, audio, _ = _batch()
     with pytest.raises(ValueError, match="placeholders"):
         m(tokens[:, 2:], images=images, audio=audio)
     with pytest.raises(ValueError, match=r"images must be \[b, n_img"):
@@ -133,4 +133,4 @@ def test_bad_input():
     with pytest.raises(ValueError, match="image_token_id"):
         VLMConfig(lm=m.config.lm, vit=m.config.vit, image_token_id=10_000)
     with pytest.raises(ValueError, match="last prompt token"):
-        m.prefill(tokens, jnp.array([3, 3]), images=images, audio=audio, capacity=80)
+        m.prefill(tokens, jnp.array([3, 3, 3, 3]), images=images, audio=audio, capacity=80)
