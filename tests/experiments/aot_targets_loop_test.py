@@ -27,7 +27,6 @@ from experiments import _long_context as lc
 from experiments import aot, ffd, nmars, registry, sparse_scaling, staged_vlm, vegas
 from models.induction import InductionSpec
 from models.transformer import TransformerConfig
-from pallas_kernels import aot as kernel_aot
 
 SLUGS = ("nmars", "staged_vlm", "sparse_scaling", "vegas", "ffd")
 
@@ -272,6 +271,5 @@ def test_vegas_and_ffd_step_is_the_tuned_workloads_fine_tuning(module, monkeypat
 # --- one compile -----------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not kernel_aot.libtpu_available(), reason='libtpu is not installed (pip install -e ".[tpu]")')
 def test_the_smallest_smoke_step_compiles_for_v5e(compile_smoke_step):
     compile_smoke_step(SLUGS)

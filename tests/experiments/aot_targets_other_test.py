@@ -22,7 +22,6 @@ from flax import nnx
 
 from algorithms import training
 from experiments import aot, registry
-from pallas_kernels import aot as kernel_aot
 
 
 def _adam(lr, steps, *, b2):
@@ -278,6 +277,5 @@ def test_mvprobe_zoo_members_train_with_the_hooked_loss_and_an_equal_adam():
     np.testing.assert_allclose(float(got), want, rtol=1e-5)
 
 
-@pytest.mark.skipif(not kernel_aot.libtpu_available(), reason='libtpu is not installed (pip install -e ".[tpu]")')
 def test_the_smallest_smoke_step_compiles_for_v5e(compile_smoke_step):
     compile_smoke_step(HOOKED)

@@ -22,7 +22,6 @@ from algorithms import training
 from algorithms.optimization import stochastic_path_follower as S
 from experiments import aot, registry
 from experiments import spf as E
-from pallas_kernels import aot as kernel_aot
 
 PRESETS = ("smoke", "quick", "loss_study", "paper")
 
@@ -152,7 +151,6 @@ def test_one_smoke_step_runs_on_cpu_through_make_train_step():
     assert not _tree_equal(got, step.build(nnx.Rngs(0)).raw())
 
 
-@pytest.mark.skipif(not kernel_aot.libtpu_available(), reason='libtpu is not installed (pip install -e ".[tpu]")')
 def test_the_smoke_step_compiles_for_v5e(compile_smoke_step):
     _, _, row = compile_smoke_step(["spf"])
     assert row["batch"] == {"key": [row["batch_size"], 2]}

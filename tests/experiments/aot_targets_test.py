@@ -6,7 +6,6 @@ optimizer through the helper `run` itself calls, which the source check below pi
 installed the smallest smoke step is compiled for a v5e 2x2 slice.
 """
 
-import dataclasses
 import importlib
 import inspect
 import pathlib
@@ -17,7 +16,6 @@ import pytest
 from algorithms import training
 from experiments import aot, registry
 from models.transformer import TransformerConfig
-from pallas_kernels import aot as kernel_aot
 
 
 def _lm_arithmetic(m, c):
@@ -149,7 +147,6 @@ def test_every_preset_builds_the_step_run_trains(slug):
     assert built >= 1 and exp.train_step(exp.config("paper")).batch_size > 0  # the paper preset always has one
 
 
-@pytest.mark.skipif(not kernel_aot.libtpu_available(), reason='libtpu is not installed (pip install -e ".[tpu]")')
 def test_the_smallest_smoke_step_compiles_for_v5e(compile_smoke_step):
     slug, step, row = compile_smoke_step([s for s in HOOKED])
     assert row["seq_len"] == step.seq_len and isinstance(step.model, TransformerConfig), slug

@@ -8,7 +8,6 @@ helpers `train_step` uses. With libtpu installed the smallest smoke step is comp
 (``e2i_vrwkv``'s hook is pinned in aot_targets_e2i_test.py.)
 """
 
-import dataclasses
 import importlib
 import inspect
 
@@ -19,7 +18,6 @@ from flax import nnx
 
 from algorithms import training
 from experiments import aot, registry
-from pallas_kernels import aot as kernel_aot
 
 
 def _opt(lr, steps, weight_decay, *, warmup=None):
@@ -190,7 +188,6 @@ def test_the_first_batch_of_the_run_has_the_steps_shapes():
         assert real.batch_shapes() == registry.get(slug).train_step(c).batch_shapes(), slug
 
 
-@pytest.mark.skipif(not kernel_aot.libtpu_available(), reason='libtpu is not installed (pip install -e ".[tpu]")')
 def test_the_smallest_smoke_step_compiles_for_v5e(compile_smoke_step):
     slug, step, row = compile_smoke_step(HOOKED)
     assert row["model"] == type(step.model).__name__, slug

@@ -27,7 +27,6 @@ from flax import nnx
 
 from algorithms import training
 from experiments import aot, registry
-from pallas_kernels import aot as kernel_aot
 
 
 def _ppm_expected(c):
@@ -300,6 +299,5 @@ def test_one_smoke_step_runs_on_cpu_through_make_train_step(slug):
     assert not _tree_equal(new.params, training.init_train_state(step.build, step.optimizer)[1].params)
 
 
-@pytest.mark.skipif(not kernel_aot.libtpu_available(), reason='libtpu is not installed (pip install -e ".[tpu]")')
 def test_the_smallest_smoke_step_compiles_for_v5e(compile_smoke_step):
     compile_smoke_step(HOOKED)

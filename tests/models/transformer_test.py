@@ -21,14 +21,10 @@ def tiny_config(**overrides):
 
 
 @functools.partial(jax.jit, static_argnames="graphdef")
-def _forward(graphdef, state, tokens, cache=None, num_valid=None):
-    return nnx.merge(graphdef, state)(tokens, cache=cache, num_valid=num_valid)
-
-
-@functools.partial(jax.jit, static_argnames="graphdef")
-def _packed_logits(graphdef, state, tokens, segment_ids=None, positions=None):
+def _forward(graphdef, state, tokens, cache=None, num_valid=None, segment_ids=None, positions=None):
     """One compiled forward per shape (eager calls compile every op again for each new shape)."""
-    return nnx.merge(graphdef, state)(tokens, segment_ids=segment_ids, positions=positions).logits
+    return nnx.merge(graphdef, state)(tokens, cache=cache, num_valid=num_valid, segment_ids=segment_ids,
+                                      positions=positions)
 
 
 @pytest.fixture(scope="module", params=[
@@ -158,9 +154,9 @@ def test_segment_ids_make_packed_sequences_independent():
     seg = jnp.array([[0, 0, 0, 0, 1, 1, 1]])
     pos = jnp.array([[0, 1, 2, 3, 0, 1, 2]])
     graphdef, state = nnx.split(model)
-    out = _packed_logits(graphdef, state, packed, seg, pos)
-    np.testing.assert_allclose(out[:, :4], _packed_logits(graphdef, state, jnp.asarray(a)), atol=1e-5)
-    np.testing.assert_allclose(out[:, 4:], _packed_logits(graphdef, state, jnp.asarray(b)), atol=1e-5)
+    out = _forward(graphdef, state, packed, segment_ids=seg, positions=pos).logits
+    np.testing.assert_allclose(out[:, :4], _forward(graphdef, state, jnp.asarray(a)).logits, atol=1e-5)
+    np.testing.assert_allclose(out[:, 4:], _forward(graphdef, state, jnp.asarray(b)).logits, atol=1e-5)
 
 
 def test_every_parameter_has_logical_axes_and_the_count_matches():
