@@ -154,7 +154,7 @@ _top_delta = jax.jit(ref.top_delta_keep, static_argnums=2)
 _top_k = jax.jit(ref.top_k_keep, static_argnums=2)
 _quest = jax.jit(ref.quest_keep, static_argnums=2)
 _sparse = jax.jit(ref.sparse_decode)
-_build = jax.jit(ref.build_cache, static_argnames=("page_size",))
+_build = jax.jit(functools.partial(ref.build_cache, scan_keys=False), static_argnames=("page_size",))  # no CPU scan
 _dense = jax.jit(ref.dense_decode)
 _synthetic = jax.jit(ref.synthetic_problem, static_argnames=("batch", "tokens", "kv_heads", "group", "head_dim",
                                                              "page_size", "needles"))

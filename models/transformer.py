@@ -582,7 +582,8 @@ class Attention(nnx.Module):
         if self.decode_mode == "kernel":
             return decode_kernel.decode_attention(q, k, v, lengths, kv_layout=kv_layout)
         ffd = self.ffd
-        cache = ffd_lib.build_cache(k, v, lengths, page_size=ffd.page_size, bits=ffd.bits, layout=kv_layout)
+        cache = ffd_lib.build_cache(k, v, lengths, page_size=ffd.page_size, bits=ffd.bits, layout=kv_layout,
+                                    scan_keys=False)  # the int8 scan keys serve only fast_ffd_decode
         if ffd.selector == "top_delta":
             out = ffd_kernel.ffd_decode(q, cache, delta=float(ffd.delta))
         else:

@@ -12,8 +12,8 @@ measured copy ceiling, below the 4.8 TB/s spec) and on a TPU v5e (197 TFLOP/s bf
 For FFD, on synthetic decode steps with sink-and-needle heads (``primitives.ffd.synthetic_problem``):
 the kept page fraction, the relative output error against exact attention, the modeled bytes against
 dense bf16 K/V, and the wall-time ratio of FFD's XLA fast path (``primitives.ffd.fast_ffd_decode``:
-int8 scan of one-byte codes with a proven error bound, exact float check of the candidate pages,
-gathered attention over the kept ones) against every dense XLA decode measured in the same run (the
+one int8 product per KV head over one-byte scan keys with a proven error bound, exact float check of
+the two reference pages and the candidates, gathered attention over the kept ones) against every dense XLA decode measured in the same run (the
 library's reference ``decode_attention`` on the cache in its default axis order; head-major einsums
 over float32 and bfloat16 K/V; a 16-block split-K head-major decode), with the ratio against the
 fastest of them named explicitly; then, at the first length, the kept fraction, error and dropped
@@ -446,9 +446,11 @@ def bench_ffd(token_counts, delta: float, repeats: int) -> list[dict]:
                         residual_itemsize=1, v_itemsize=2)
         dense_cost = decode_cost(batch=b, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d, kv_itemsize=2)
         elems = b * s * kh * d
-        # What the CPU path reads: int8 scan codes (1 B/element) + fp32 scales, the candidates' packed
-        # codes, fp8 residual and f32 values, the exact current page (f32 K and V) and its threshold pages.
-        cpu_read = elems + b * kh * (s // 128) * d * 4 + capacity * b * kh * 128 * d * (0.25 + 1 + 4) \
+        # What the CPU path reads: int8 scan keys (1 B/element) + two fp32 numbers per page; for the two
+        # reference pages and the candidates: packed codes, fp32 scales, fp8 residual and f32 values;
+        # the exact current page (f32 K and V).
+        slots = capacity + 2
+        cpu_read = elems + b * kh * (s // 128) * 8 + slots * b * kh * (128 * d * (0.25 + 1 + 4) + 4 * d) \
             + 2 * 4 * b * kh * 128 * d
         rows.append({
             "tokens": s, "delta": delta, "kept_fraction": kept, "capacity_pages": capacity,
@@ -460,7 +462,7 @@ def bench_ffd(token_counts, delta: float, repeats: int) -> list[dict]:
             "bytes_ratio_vs_dense_bf16": model["ratio"], "ffd_mbytes": cost.bytes_accessed / 1e6,
             "dense_mbytes": dense_cost.bytes_accessed / 1e6,
             "cpu_path_mbytes": cpu_read / 1e6, "dense_f32_mbytes": 2 * 4 * elems / 1e6,
-            "extra_storage_mbytes_scan_codes": elems / 1e6,
+            "extra_storage_mbytes_scan_keys": elems / 1e6,
             "ms": {k: v * 1e3 for k, v in times.items()},
             "fastest_dense": fastest,
             "speedup_vs_fastest_dense": times[fastest] / times["ffd_fast"],
@@ -484,7 +486,7 @@ def _print_ffd(rows: list[dict]) -> None:
               f"{m['hm_split16']:>8.2f}{m['ffd_fast']:>8.2f}{r['fastest_dense']:>15}"
               f"{r['speedup_vs_fastest_dense']:>16.2f}x{r['speedup_vs_dense_ref']:>6.2f}x")
     for r in rows:
-        print(f"  {r['tokens']}: CPU path reads ~{r['cpu_path_mbytes']:.1f} MB (int8 scan codes {r['extra_storage_mbytes_scan_codes']:.1f} MB "
+        print(f"  {r['tokens']}: CPU path reads ~{r['cpu_path_mbytes']:.1f} MB (int8 scan keys {r['extra_storage_mbytes_scan_keys']:.1f} MB "
               f"stored beside the packed codes) vs {r['dense_f32_mbytes']:.1f} MB dense f32 K/V; "
               f"kernel bytes model vs dense bf16 {r['bytes_ratio_vs_dense_bf16']:.3f}; "
               f"max |FFD XLA - ffd_decode reference| {r['max_abs_diff_vs_reference']:.1e}")

@@ -38,9 +38,10 @@ per-page per-channel min/max keys, computed by :mod:`primitives.quest`). :func:`
 kernel lives in ``pallas_kernels/ffd_decode``.
 
 :func:`fast_ffd_decode` is the XLA (CPU) path: XLA does not fuse bit unpacking into a dot, so it
-scans an int8 copy of the codes (``FFDCache.scan_codes``) with a per-page int8 query and a proven
-error bound (:func:`int8_page_maxima`), checks only the candidate pages with the exact float scan,
-and attends over the kept pages gathered to a static capacity; its selection is the reference's.
+scans an int8 copy of the dequantized low-bit keys (``FFDCache.scan_keys``, one scale per page) with
+one int8 query per head and a proven error bound (:func:`int8_page_maxima`), checks only the
+candidate pages with the exact float scan, and attends over the kept pages gathered to a static
+capacity; its selection is the reference's.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -122,13 +123,17 @@ class FFDCache(NamedTuple):
       lengths: [b] int32 valid tokens.
       page_min: [b, k, p, d] per-page per-channel key minimum (Quest metadata; the baseline only).
       page_max: [b, k, p, d] per-page per-channel key maximum.
-      scan_codes: [b, k, p, bs, d] int8 *unpacked* key codes (the same codes as ``codes``, one per
-        byte), or None. The operand of the CPU (XLA) scan in :func:`fast_ffd_decode`: XLA on CPU does
-        not fuse bit unpacking into a dot, but runs an ``int8 x int8`` dot of a per-page int8 query
-        against one-byte codes about 5x faster than a float32 dense decode. It costs one byte per
-        cached key element on top of the packed quarter byte; a fused kernel (GPU/TPU) reads only
-        ``codes`` and never this copy (under ``jax.jit`` XLA drops it when unused). None (e.g. a
-        cache built with ``scan_codes=False``) makes :func:`fast_ffd_decode` unpack ``codes``.
+      scan_keys: [b, k, p, bs, d] int8 or None: the dequantized low-bit keys ``Khat`` requantized to
+        int8 with one scale per page, ``round(Khat / A)`` with ``A = o max_d S / 127`` (so
+        ``|Khat - A scan_keys| <= A / 2``). The operand of the CPU (XLA) scan in
+        :func:`fast_ffd_decode`: XLA on CPU does not fuse bit unpacking into a dot, but runs one
+        ``int8 x int8`` product per KV head (keys first) about 8x faster than a float32 dense decode
+        reads the keys and values. It costs one byte per cached key element on top of the packed
+        quarter byte; a fused kernel (GPU/TPU) reads only ``codes`` and never this copy (under
+        ``jax.jit`` XLA drops it when unused). None (``build_cache(..., scan_keys=False)``) makes
+        :func:`fast_ffd_decode` scan ``codes`` exactly instead.
+      scan_scales: [b, k, p] float32 ``A`` per page (None when ``scan_keys`` is None).
+      scan_l1: [b, k, p] float32 ``max_t sum_d |scan_keys|`` per page, for the scan's error bound.
 
     Pages at index >= ``full_pages = lengths // bs`` are not valid and never read.
     """
@@ -142,7 +147,9 @@ class FFDCache(NamedTuple):
     lengths: jax.Array
     page_min: jax.Array
     page_max: jax.Array
-    scan_codes: jax.Array | None = None
+    scan_keys: jax.Array | None = None
+    scan_scales: jax.Array | None = None
+    scan_l1: jax.Array | None = None
 
     @property
     def page_size(self) -> int:
@@ -256,7 +263,7 @@ def _current_page(x: jax.Array, full: jax.Array, lengths: jax.Array, page_size: 
 
 
 def build_cache(keys: jax.Array, values: jax.Array, lengths: jax.Array, *, page_size: int = 128,
-                bits: int = 2, residual_dtype=jnp.float32, scan_codes: bool = True, layout: str = "bskd") -> FFDCache:
+                bits: int = 2, residual_dtype=jnp.float32, scan_keys: bool = True, layout: str = "bskd") -> FFDCache:
     """Builds the FFD cache of a dense cache (what an FFD-enabled KV cache stores incrementally).
 
     Args:
@@ -267,8 +274,8 @@ def build_cache(keys: jax.Array, values: jax.Array, lengths: jax.Array, *, page_
       bits: key code width, 2 (the paper's default) or 4.
       residual_dtype: storage of ``K - Khat``: float32 (exact refinement), bfloat16 or
         float8_e4m3fn (the code's FP8 residual).
-      scan_codes: also store the codes unpacked as int8 (``FFDCache.scan_codes``, one byte per key
-        element), the operand of the CPU scan of :func:`fast_ffd_decode`.
+      scan_keys: also store the int8 scan keys (``FFDCache.scan_keys``, one byte per key element,
+        with their per-page scale and L1 bound), the operand of the CPU scan of :func:`fast_ffd_decode`.
       layout: the dense cache's axis order, "bskd" or "bksd" (the pages are head-major, so a "bksd"
         cache is paged by a reshape, without a transpose).
 
@@ -303,11 +310,24 @@ def build_cache(keys: jax.Array, values: jax.Array, lengths: jax.Array, *, page_
     residual = (pages - dequantize_pages(codes, scales, bits)).astype(residual_dtype)
     full = lengths // page_size
     page_min, page_max = quest_bounds(pages)
+    scan = _int8_scan_keys(codes, scales, bits) if scan_keys else (None, None, None)
     return FFDCache(codes=pack_codes(codes, bits), scales=scales, residual=residual, values=head_major(values),
                     current_keys=_current_page(keys, full, lengths, page_size, token_axis),
                     current_values=_current_page(values, full, lengths, page_size, token_axis), lengths=lengths,
-                    page_min=page_min, page_max=page_max,
-                    scan_codes=codes.astype(jnp.int8) if scan_codes else None)
+                    page_min=page_min, page_max=page_max, scan_keys=scan[0], scan_scales=scan[1], scan_l1=scan[2])
+
+
+def _int8_scan_keys(codes: jax.Array, scales: jax.Array, bits: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(scan_keys int8 [..., p, bs, d], scan_scales [..., p], scan_l1 [..., p])`` of unpacked codes.
+
+    ``Khat = (C - o) S`` rounded to the grid ``A = o max_d S / 127``: ``|Khat / A| <= 127``, so the
+    clip never binds and ``|Khat - A round(Khat / A)| <= A / 2``.
+    """
+    khat = dequantize_pages(codes, scales, bits)  # [..., p, bs, d]
+    a = _offset(bits) * jnp.max(scales, axis=-1) / 127.0  # [..., p]; scales >= 1e-8, so a > 0
+    k8 = jnp.clip(jnp.round(khat / a[..., None, None]), -127, 127).astype(jnp.int8)
+    l1 = jnp.max(jnp.sum(jnp.abs(k8.astype(jnp.int32)), axis=-1), axis=-1).astype(jnp.float32)
+    return k8, a, l1
 
 
 def _grouped(q: jax.Array, cache: FFDCache) -> jax.Array:
@@ -512,20 +532,21 @@ def chunked_page_maxima(q: jax.Array, cache: FFDCache, *, chunk_pages: int | Non
     bits, n = cache.bits, 8 // cache.bits
     offset = (2**bits - 1) / 2
 
-    codes = jnp.moveaxis(cache.codes.reshape(b, kh, p // chunk, chunk, bs, w), 2, 0)
-    scales = jnp.moveaxis(cache.scales.reshape(b, kh, p // chunk, chunk, d), 2, 0)
-
-    def one_chunk(args):
-        c, s = args  # [b, k, chunk, bs, w], [b, k, chunk, d]
+    # A fori_loop over page slices rather than lax.map over a moved page axis: measured on XLA CPU at 64k
+    # tokens, the lax.map form made fast_ffd_decode ~3 ms slower even where its fallback branch (this
+    # scan) is never taken, and it ran 1.5x slower itself.
+    def one_chunk(i, m):
+        c = jax.lax.dynamic_slice_in_dim(cache.codes, i * chunk, chunk, axis=2)  # [b, k, chunk, bs, w]
+        s = jax.lax.dynamic_slice_in_dim(cache.scales, i * chunk, chunk, axis=2)  # [b, k, chunk, d]
         qs = qg[:, :, :, None] * s[:, :, None]  # [b, k, g, chunk, d]
         dot = 0.0
-        for i in range(n):
-            plane = ((c >> (bits * i)) & (2**bits - 1)).astype(jnp.float32)
-            dot = dot + jnp.einsum("bkgpc,bkptc->bkgpt", qs[..., i * w:(i + 1) * w], plane)
-        return jnp.max(dot - offset * jnp.sum(qs, axis=-1)[..., None], axis=-1)  # [b, k, g, chunk]
+        for j in range(n):
+            plane = ((c >> (bits * j)) & (2**bits - 1)).astype(jnp.float32)
+            dot = dot + jnp.einsum("bkgpc,bkptc->bkgpt", qs[..., j * w:(j + 1) * w], plane)
+        best = jnp.max(dot - offset * jnp.sum(qs, axis=-1)[..., None], axis=-1)  # [b, k, g, chunk]
+        return jax.lax.dynamic_update_slice_in_dim(m, best, i * chunk, axis=3)
 
-    m = jax.lax.map(one_chunk, (codes, scales))  # [p/chunk, b, k, g, chunk]
-    m = jnp.moveaxis(m, 0, 3).reshape(b, kh, -1, p)
+    m = jax.lax.fori_loop(0, p // chunk, one_chunk, jnp.zeros((b, kh, qg.shape[2], p), jnp.float32))
     return jnp.where(cache.valid_pages[:, None, None, :], m, -jnp.inf)
 
 
@@ -565,11 +586,9 @@ def gathered_decode(q: jax.Array, cache: FFDCache, keep: jax.Array, priority: ja
     _, idx = jax.lax.top_k(jnp.where(keep, priority, -jnp.inf), cap)  # [b, k, cap]: selected first
     picked = jnp.take_along_axis(keep, idx, axis=-1)
 
-    def gather(x):  # [b, k, p, ...] -> [b, k, cap, ...]
-        return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 3)), axis=2)
-
-    sub = cache._replace(codes=gather(cache.codes), scales=gather(cache.scales), residual=gather(cache.residual),
-                         values=gather(cache.values), scan_codes=None)
+    sub = cache._replace(codes=_gather_slots(cache.codes, idx), scales=_gather_slots(cache.scales, idx),
+                         residual=_gather_slots(cache.residual, idx), values=_gather_slots(cache.values, idx),
+                         scan_keys=None, scan_scales=None, scan_l1=None)
     merged = merge_partials(q, [pages_partial(q, sub, picked, use_residual=use_residual), current_partial(q, cache)])
     bi, ki = jnp.arange(keep.shape[0])[:, None, None], jnp.arange(keep.shape[1])[None, :, None]
     attended = jnp.zeros_like(keep).at[bi, ki, idx].max(picked)
@@ -580,68 +599,87 @@ def gathered_decode(q: jax.Array, cache: FFDCache, keep: jax.Array, priority: ja
 def int8_page_maxima(q: jax.Array, cache: FFDCache) -> tuple[jax.Array, jax.Array]:
     """Approximate per-head page maxima of the base-2 scan scores with a bound, from the int8 scan.
 
-    The CPU scan of :func:`fast_ffd_decode`. Per (KV head, query head, page) the scaled query
-    ``u = tau log2(e) q * S_page`` is rounded to int8 with its own scale ``a = max_d |u_d| / 127``
-    and multiplied with the one-byte codes ``cache.scan_codes`` (an ``int8 x int8 -> int32`` dot,
-    exact; its sums stay below ``127 (2^bits - 1) d < 2^24``, so they are exact in float32 too). Since the codes lie
-    in ``[0, 2^bits - 1]`` and ``|u_d - a round(u_d / a)| <= a / 2``, every token's scan score
-    moves by at most ``err = (2^bits - 1) d a / 2`` (plus a float-rounding slack), so
-    ``|m - max_t shat_t| <= err`` page by page. (The tighter per-page L1 bound costs a second
-    reduction over the ``[k, g, p, d]`` query tensor that XLA CPU runs slowly; this one is free.)
+    The CPU scan of :func:`fast_ffd_decode`. With ``u = tau log2(e) q`` per query head, rounded to
+    int8 with one scale ``a = max_d |u_d| / 127`` (``|u_d - a q8_d| <= a / 2``), and the scan keys
+    ``|Khat - A k8| <= A / 2`` (:class:`FFDCache`), the scan score ``shat_t = u . Khat_t`` is
+    approximated by ``a A (q8 . k8_t)``: one ``int8 x int8 -> int32`` product per KV head over all
+    of its tokens (keys first, the order XLA's CPU dot runs fastest; exact, and exact in float32 too
+    while ``127^2 d < 2^24``). Per token
+
+        |shat_t - a A (q8 . k8_t)| <= A (a / 2 |k8_t|_1 + |u|_1 / 2),
+
+    and ``|k8_t|_1 <= scan_l1`` of the page, so each page maximum moves by at most that bound; a
+    slack of ``1e-3 |u|_1 127 A`` (127 A bounds ``|Khat|``) covers the reference's float32 rounding.
 
     Args:
       q: [b, h, d] queries.
-      cache: an :class:`FFDCache` with ``scan_codes`` (``build_cache(..., scan_codes=True)``).
+      cache: an :class:`FFDCache` with ``scan_keys`` (``build_cache(..., scan_keys=True)``).
 
     Returns:
       ``(m, err)``, both [b, k, g, p] float32: the approximate page maxima (-inf on invalid pages)
       and their error bound.
     """
-    if cache.scan_codes is None:
-        raise ValueError("cache.scan_codes is None: build the cache with scan_codes=True for the int8 scan")
-    b, kh, p, bs, d = cache.scan_codes.shape
-    qg = _grouped(q, cache) * (LOG2E / math.sqrt(q.shape[-1]))  # [b, k, g, d]
-    top = 2**cache.bits - 1
-    u = qg[:, :, :, None, :] * cache.scales[:, :, None]  # [b, k, g, p, d]
-    amax = jnp.max(jnp.abs(u), axis=-1)  # [b, k, g, p]
-    inv = jnp.where(amax > 0, 127.0 / jnp.maximum(amax, 1e-30), 0.0)
-    qi = jnp.clip(jnp.round(u * inv[..., None]), -127, 127).astype(jnp.int8)
-    dot = jnp.einsum("bkgpd,bkptd->bkgpt", qi, cache.scan_codes,
-                     preferred_element_type=jnp.int32)  # int32 accumulation: XLA CPU's fast int8 dot
-    a = amax / 127.0
-    offset = _offset(cache.bits) * jnp.einsum("bkgd,bkpd->bkgp", qg, cache.scales)  # o sum_d u_d
-    m = a * jnp.max(dot, axis=-1).astype(jnp.float32) - offset
-    # |u_d - a qi_d| <= a / 2 per channel and codes <= 2^bits - 1; plus a float slack for the
-    # reference's different rounding (relative 1e-4 of the largest possible dot).
-    err = (top * d * (0.5 + 1e-4)) * a + 1e-4 * jnp.abs(offset) + 1e-5
+    if cache.scan_keys is None:
+        raise ValueError("cache.scan_keys is None: build the cache with scan_keys=True for the int8 scan")
+    b, kh, p, bs, d = cache.scan_keys.shape
+    u = _grouped(q, cache) * (LOG2E / math.sqrt(q.shape[-1]))  # [b, k, g, d]
+    g = u.shape[2]
+    a = jnp.max(jnp.abs(u), axis=-1) / 127.0  # [b, k, g]
+    q8 = jnp.clip(jnp.round(u / jnp.where(a > 0, a, 1.0)[..., None]), -127, 127).astype(jnp.int8)
+    dot = jnp.einsum("bksd,bkgd->bksg", cache.scan_keys.reshape(b, kh, p * bs, d), q8,
+                     preferred_element_type=jnp.int32)  # [b, k, s, g]
+    best = jnp.moveaxis(jnp.max(dot.reshape(b, kh, p, bs, g), axis=3), 3, 2).astype(jnp.float32)  # [b, k, g, p]
+    scale = cache.scan_scales[:, :, None, :]  # [b, k, 1, p]
+    u1 = jnp.sum(jnp.abs(u), axis=-1)[..., None]  # [b, k, g, 1]
+    m = a[..., None] * scale * best
+    err = scale * (a[..., None] / 2 * cache.scan_l1[:, :, None, :] + u1 * (0.5 + 0.127)) + 1e-5
     return jnp.where(cache.valid_pages[:, None, None, :], m, -jnp.inf), err
 
 
-def scan_candidates(q: jax.Array, cache: FFDCache, delta: float) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Pages the int8 scan cannot rule out: a superset of :func:`top_delta_keep`'s selection.
+def _end_pages(cache: FFDCache) -> jax.Array:
+    """[b, 2] int32: the first and the last full page (the reference pages of the threshold)."""
+    last = jnp.maximum(cache.full_pages - 1, 0)
+    return jnp.stack([jnp.zeros_like(last), last], axis=1)
 
-    A page is a candidate when, for some head of its GQA group, the upper bound ``m + err`` of
-    :func:`int8_page_maxima` reaches the threshold ``m_ref - delta`` of :func:`reference_threshold`.
+
+def scan_candidates(q: jax.Array, cache: FFDCache, delta: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Pages the int8 scan cannot rule out, other than the first and the last full page.
+
+    The threshold is bounded from below by the two reference pages' lower bounds,
+    ``th_low = max(m - err) - delta <= m_ref - delta``; a page is a candidate when, for some head of
+    its GQA group, its upper bound ``m + err`` (:func:`int8_page_maxima`) reaches ``th_low``. With the
+    two reference pages, which :func:`fast_ffd_decode` always reads, the candidates are a superset of
+    :func:`top_delta_keep`'s selection.
 
     Returns:
-      ``(candidates [b, k, p] bool, priority [b, k, p] float32, threshold [b, k, g])``: priority is
-      the group's best upper bound (-inf on invalid pages).
+      ``(candidates [b, k, p] bool, priority [b, k, p] float32, th_low [b, k, g])``: priority is the
+      group's best upper bound (-inf on invalid pages).
     """
-    th = reference_threshold(q, cache, delta)  # [b, k, g]
+    if not delta >= 0:
+        raise ValueError(f"delta must be >= 0 (log2 units; inf keeps all pages), got {delta}")
     m, err = int8_page_maxima(q, cache)
+    ends = _end_pages(cache)  # [b, 2]
+    low = jnp.take_along_axis(m - err, jnp.broadcast_to(ends[:, None, None, :], m.shape[:3] + (2,)), axis=-1)
+    th_low = jnp.max(low, axis=-1) - delta if math.isfinite(delta) else jnp.full(m.shape[:3], -jnp.inf)
     upper = m + err
-    cand = jnp.any(upper >= th[..., None], axis=2) & cache.valid_pages[:, None, :]
-    return cand, jnp.max(upper, axis=2), th
+    is_end = jnp.any(jnp.arange(cache.num_pages)[None, :, None] == ends[:, None, :], axis=-1)  # [b, p]
+    cand = jnp.any(upper >= th_low[..., None], axis=2) & (cache.valid_pages & ~is_end)[:, None, :]
+    return cand, jnp.max(upper, axis=2), th_low
 
 
-def _gather_pages(cache: FFDCache, idx: jax.Array) -> FFDCache:
-    """The page slots ``idx`` [b, k, c] of the cache (codes, scales, residual, values only)."""
+def _gather_slots(x: jax.Array, slots: jax.Array) -> jax.Array:
+    """The page slots ``slots`` [b, k, c] of a ``[b, k, p, ...]`` array -> ``[b, k, c, ...]``.
 
-    def gather(x):  # [b, k, p, ...] -> [b, k, c, ...]
-        return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 3)), axis=2)
-
-    return cache._replace(codes=gather(cache.codes), scales=gather(cache.scales), residual=gather(cache.residual),
-                          values=gather(cache.values), scan_codes=None)
+    One gather of whole pages over the flattened (b, k, p) axis. float8 is gathered as its bytes:
+    XLA on CPU otherwise converts every element to float16 and back around the gather.
+    """
+    b, kh, p = x.shape[:3]
+    flat = ((jnp.arange(b)[:, None, None] * kh + jnp.arange(kh)[None, :, None]) * p + slots).reshape(-1)
+    fp8 = x.dtype == jnp.float8_e4m3fn
+    raw = jax.lax.bitcast_convert_type(x, jnp.uint8) if fp8 else x
+    out = jnp.take(raw.reshape((b * kh * p,) + x.shape[3:]), flat, axis=0, mode="clip")
+    out = out.reshape(slots.shape + x.shape[3:])
+    return jax.lax.bitcast_convert_type(out, x.dtype) if fp8 else out
 
 
 def _exact_scan_decode(q, cache, th, capacity, use_residual, chunk_pages) -> GatheredOutput:
@@ -649,6 +687,47 @@ def _exact_scan_decode(q, cache, th, capacity, use_residual, chunk_pages) -> Gat
     m = chunked_page_maxima(q, cache, chunk_pages=chunk_pages)  # [b, k, g, p]
     keep = jnp.any(m >= th[..., None], axis=2)
     return gathered_decode(q, cache, keep, jnp.max(m, axis=2), capacity=capacity, use_residual=use_residual)
+
+
+def _slots_decode(q: jax.Array, cache: FFDCache, slots: jax.Array, usable: jax.Array, delta: float,
+                  use_residual: bool) -> GatheredOutput:
+    """FFD over the page slots [b, k, 2 + c]: slots 0 and 1 the reference pages, then the candidates.
+
+    The slots' exact scan scores (the reference formula) give the threshold (from slots 0, 1) and the
+    selection; the kept slots' refined scores and the exact current page share one softmax.
+    ``usable`` [b, k, 2 + c] marks slots that hold a distinct valid page.
+    """
+    b, kh, n = slots.shape
+    bs, d, p = cache.page_size, q.shape[-1], cache.num_pages
+    sub = cache._replace(codes=_gather_slots(cache.codes, slots), scales=_gather_slots(cache.scales, slots))
+    shat = scan_scores(q, sub)  # [b, k, g, n, bs]
+    page_max = jnp.max(shat, axis=-1)  # [b, k, g, n]
+    m_ref = jnp.where(cache.full_pages[:, None, None] > 0, jnp.max(page_max[..., :2], axis=-1), -jnp.inf)
+    th = m_ref - delta if math.isfinite(delta) else jnp.full_like(m_ref, -jnp.inf)
+    keep = jnp.any(page_max >= th[..., None], axis=2) & usable  # [b, k, n]
+
+    tau = LOG2E / math.sqrt(d)
+    qg = _grouped(q, cache)  # [b, k, g, d]
+    scores = shat.reshape(b, kh, -1, n * bs)  # [b, k, g, n bs]
+    if use_residual:  # keys first: the order XLA's CPU dot reads without a transposed copy
+        res = _gather_slots(cache.residual, slots).astype(jnp.float32).reshape(b, kh, n * bs, d)
+        scores = scores + tau * jnp.swapaxes(jnp.einsum("bksd,bkgd->bksg", res, qg), 2, 3)
+    scores = jnp.where(jnp.repeat(keep, bs, axis=-1)[:, :, None, :], scores, -jnp.inf)
+    cur_len = cache.lengths - cache.full_pages * bs  # [b]
+    cur = tau * jnp.einsum("bkgd,bktd->bkgt", qg, cache.current_keys.astype(jnp.float32))
+    cur = jnp.where((jnp.arange(bs)[None, :] < cur_len[:, None])[:, None, None, :], cur, -jnp.inf)
+    top = jnp.maximum(jnp.max(scores, axis=-1), jnp.max(cur, axis=-1))[..., None]  # [b, k, g, 1]
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    w, w_cur = jnp.exp2(scores - top), jnp.exp2(cur - top)
+    total = jnp.sum(w, axis=-1) + jnp.sum(w_cur, axis=-1)  # [b, k, g]
+    values = _gather_slots(cache.values, slots).astype(jnp.float32).reshape(b, kh, n * bs, d)
+    out = jnp.einsum("bkgs,bksd->bkgd", w, values) + jnp.einsum("bkgt,bktd->bkgd", w_cur,
+                                                                 cache.current_values.astype(jnp.float32))
+    out = out / jnp.maximum(total, 1e-30)[..., None]
+    lse = jnp.where(total > 0, (top[..., 0] + jnp.log2(jnp.maximum(total, 1e-30))) / LOG2E, -jnp.inf)
+    attended = jnp.any((slots[..., None] == jnp.arange(p)) & keep[..., None], axis=2)
+    return GatheredOutput(out.reshape(q.shape).astype(q.dtype), lse.reshape(q.shape[:2]), attended,
+                          jnp.zeros((b, kh), jnp.int32))
 
 
 def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capacity: int | None = None,
@@ -659,54 +738,57 @@ def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capaci
     tokens, ``d`` head dim, ``c`` the static page ``capacity``.
 
     XLA on CPU does not fuse 2-bit unpacking into a dot (an unpacked float scan is as slow as dense
-    decode), but an ``int8 x int8`` dot over one-byte codes is fast. So, with ``cache.scan_codes``:
+    decode), but an ``int8 x int8`` dot over one-byte keys is fast. So, with ``cache.scan_keys``:
 
-    1. the threshold ``m_ref - delta`` comes from the first and last full page (exact, two pages);
-    2. :func:`int8_page_maxima` scans every page with a per-page int8 query and returns page maxima
-       with a proven error bound; pages whose upper bound reaches the threshold are candidates (a
-       superset of the reference selection);
-    3. at most ``c`` candidates per (b, KV head) are gathered (best upper bound first), their exact
-       float scan scores (the reference formula on the packed codes) decide the selection exactly as
-       :func:`top_delta_keep`, and exact attention runs over the kept ones plus the current page.
+    1. :func:`int8_page_maxima` scans every page with one int8 query per head and returns page
+       maxima with a proven error bound; :func:`scan_candidates` keeps the pages whose upper bound
+       reaches a lower bound of the threshold (a superset of the reference selection);
+    2. the first and the last full page (the threshold's reference pages) and at most ``c``
+       candidates per (b, KV head), best upper bound first, are gathered; their exact float scan
+       scores (the reference formula on the packed codes) give the exact threshold ``m_ref - delta``
+       and the selection, exactly as :func:`top_delta_keep`;
+    3. one softmax runs over the kept pages' refined scores and the exact current page.
 
     If some (b, KV head) has more than ``c`` candidates, the whole call falls back (``lax.cond``,
     only one branch runs) to the exact float scan of every page followed by :func:`gathered_decode`
     with the same capacity, so the result never depends on the int8 approximation. Without
-    ``scan_codes`` that exact path is the only one.
+    ``scan_keys`` that exact path is the only one.
 
     Args:
       q: [b, h, d] queries; cache: the FFD cache.
       delta: margin in log2 units (``inf`` keeps every valid page).
-      capacity: static page budget ``c`` per (b, KV head) (default: all pages).
+      capacity: static page budget ``c`` per (b, KV head), besides the two reference pages (default:
+        all pages).
       use_residual: refine kept pages with the residual.
       chunk_pages: scan chunk of the exact fallback (see :func:`chunked_page_maxima`).
 
     Returns:
       :class:`GatheredOutput`. Same selection as :func:`top_delta_keep`; ``out`` equals
-      :func:`ffd_decode` whenever ``capacity`` covers the kept pages (else the kept pages with the
-      lowest scan maxima are dropped and counted in ``overflow``).
+      :func:`ffd_decode` whenever ``capacity`` covers the candidates (else the exact fallback keeps
+      at most ``c`` pages: those with the lowest scan maxima are dropped and counted in ``overflow``).
     """
     cap_in = max(cache.num_pages, 1) if capacity is None else capacity
     if not isinstance(cap_in, int) or cap_in < 1:
         raise ValueError(f"capacity must be a positive int (pages per sequence and KV head), got {capacity!r}")
-    if cache.scan_codes is None or cache.num_pages == 0:
+    if cache.scan_keys is None or cache.num_pages == 0:
         th = reference_threshold(q, cache, delta)
         return _exact_scan_decode(q, cache, th, cap_in, use_residual, chunk_pages)
-    cand, priority, th = scan_candidates(q, cache, delta)
+    cand, priority, _ = scan_candidates(q, cache, delta)
     cap = min(cap_in, cache.num_pages)
-    b, kh, p = cand.shape
+    b, kh, _ = cand.shape
 
     def sparse(_):
         _, idx = jax.lax.top_k(jnp.where(cand, priority, -jnp.inf), cap)  # [b, k, c]: candidates first
-        picked = jnp.take_along_axis(cand, idx, axis=-1)
-        sub = _gather_pages(cache, idx)
-        exact = jnp.max(scan_scores(q, sub), axis=-1)  # [b, k, g, c]: the reference's page maxima
-        keep = jnp.any(exact >= th[..., None], axis=2) & picked
-        merged = merge_partials(q, [pages_partial(q, sub, keep, use_residual=use_residual), current_partial(q, cache)])
-        attended = jnp.any((idx[..., None] == jnp.arange(p)) & keep[..., None], axis=2)
-        return GatheredOutput(merged.out, merged.lse, attended, jnp.zeros((b, kh), jnp.int32))
+        ends = _end_pages(cache)
+        slots = jnp.concatenate([jnp.broadcast_to(ends[:, None, :], (b, kh, 2)), idx], axis=-1)
+        has_page = cache.full_pages > 0
+        end_ok = jnp.stack([has_page, cache.full_pages > 1], axis=1)  # one full page: slot 1 repeats slot 0
+        usable = jnp.concatenate([jnp.broadcast_to(end_ok[:, None, :], (b, kh, 2)),
+                                  jnp.take_along_axis(cand, idx, axis=-1)], axis=-1)
+        return _slots_decode(q, cache, slots, usable, delta, use_residual)
 
     def exact(_):
+        th = reference_threshold(q, cache, delta)
         return _exact_scan_decode(q, cache, th, cap_in, use_residual, chunk_pages)
 
     overflowing = jnp.any(jnp.sum(cand, axis=-1) > cap)

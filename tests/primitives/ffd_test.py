@@ -211,17 +211,27 @@ def test_bad_inputs_raise(problem):
 def test_int8_scan_bound_holds_and_candidates_cover_the_selection(problem, bits):
     q, keys, values, lengths = problem
     c = ffd.build_cache(keys, values, lengths, page_size=BS, bits=bits)
-    assert c.scan_codes.dtype == jnp.int8
-    np.testing.assert_array_equal(c.scan_codes, ffd.unpack_codes(c.codes, bits))
+    assert c.scan_keys.dtype == jnp.int8
+    khat = np.asarray(ffd.dequantize_pages(ffd.unpack_codes(c.codes, bits), c.scales, bits), np.float64)
+    a = np.asarray(c.scan_scales, np.float64)[..., None, None]
+    k8 = np.asarray(c.scan_keys, np.float64)
+    assert np.all(np.abs(khat - a * k8) <= a / 2 * (1 + 1e-5))  # the scan keys' rounding bound
+    np.testing.assert_array_equal(c.scan_l1, np.abs(k8).sum(-1).max(-1))
     m, err = ffd.int8_page_maxima(q, c)
     exact = np.asarray(ffd.page_maxima(ffd.scan_scores(q, c), c))
     fin = np.isfinite(exact)
     np.testing.assert_array_equal(np.isfinite(np.asarray(m)), fin)
     assert np.all(np.abs(np.asarray(m)[fin] - exact[fin]) <= np.asarray(err)[fin])
+    full = np.asarray(c.full_pages)
+    ends = np.zeros(c.codes.shape[:1] + c.codes.shape[2:3], bool)  # [b, p]: the threshold's pages
+    ends[:, 0] = True
+    ends[np.arange(len(full)), np.maximum(full - 1, 0)] = True
     for delta in (0.0, 1.0, 3.0, math.inf):
-        cand, _, _ = ffd.scan_candidates(q, c, delta)
-        keep, _ = ffd.top_delta_keep(q, c, delta)
-        assert not np.any(np.asarray(keep) & ~np.asarray(cand)), delta
+        cand, _, th_low = ffd.scan_candidates(q, c, delta)
+        keep, th = ffd.top_delta_keep(q, c, delta)
+        assert not np.any(np.asarray(cand) & ends[:, None]), delta  # the reference pages are read anyway
+        assert not np.any(np.asarray(keep) & ~np.asarray(cand) & ~ends[:, None]), delta
+        assert np.all(np.asarray(th_low).reshape(th.shape) <= np.asarray(th)), delta
 
 
 def _sharp_problem():
@@ -243,8 +253,8 @@ def test_fast_path_equals_reference_selection_and_output(delta):
     want = ffd.ffd_decode(q, c, delta=delta)
     n_kept = int(jnp.max(jnp.sum(want.keep, -1)))
     n_cand = int(jnp.max(jnp.sum(ffd.scan_candidates(q, c, delta)[0], -1)))
-    # capacity None (all pages), exactly the candidate count (sparse branch), and a capacity between
-    # the kept and the candidate count when they differ (exact fallback branch).
+    # capacity None (all pages), exactly the candidate count and the kept count: the sparse branch
+    # (the exact fallback, taken when the candidates overflow, is checked in the next test).
     for cap in sorted({None, max(n_cand, 1), max(n_kept, 1)}, key=lambda x: -1 if x is None else x):
         got = jax.jit(lambda q, c: ffd.fast_ffd_decode(q, c, delta=delta, capacity=cap))(q, c)
         np.testing.assert_array_equal(got.keep, want.keep, err_msg=f"capacity {cap}")
@@ -255,18 +265,18 @@ def test_fast_path_equals_reference_selection_and_output(delta):
         assert n_kept < c.num_pages  # the selection is not trivial
 
 
-def test_fast_path_overflow_and_cache_without_scan_codes():
+def test_fast_path_overflow_and_cache_without_scan_keys():
     q, c = _sharp_problem()
     want = ffd.ffd_decode(q, c, delta=math.inf)
     got = ffd.fast_ffd_decode(q, c, delta=math.inf, capacity=3)  # more kept pages than capacity
     np.testing.assert_array_equal(got.overflow, np.sum(want.keep, -1) - 3)
     assert np.all(np.sum(got.keep, -1) == 3) and not np.any(got.keep & ~want.keep)
-    bare = c._replace(scan_codes=None)  # the exact chunked scan only
+    bare = c._replace(scan_keys=None)  # the exact chunked scan only
     out = ffd.fast_ffd_decode(q, bare, delta=2.0)
     np.testing.assert_allclose(out.out, ffd.ffd_decode(q, c, delta=2.0).out, atol=1e-5)
     _, keys, values, lengths = (None,) + _sharp_inputs()
-    assert ffd.build_cache(keys, values, lengths, page_size=16, scan_codes=False).scan_codes is None
-    with pytest.raises(ValueError, match="scan_codes"):
+    assert ffd.build_cache(keys, values, lengths, page_size=16, scan_keys=False).scan_keys is None
+    with pytest.raises(ValueError, match="scan_keys"):
         ffd.int8_page_maxima(q, bare)
 
 
