@@ -405,9 +405,9 @@ def _dense_formulations(b: int, kh: int, h: int, d: int, tokens: int) -> dict:
 def bench_ffd(token_counts, delta: float, repeats: int) -> list[dict]:
     """FFD's XLA fast path against every dense XLA decode formulation, same inputs, interleaved timings.
 
-    The gather capacity is static (XLA shapes): the largest candidate count of the int8 scan over
-    (b, KV head) for this input, so the fast path never falls back to the exact float scan; the
-    row records candidates, kept pages and whether the fallback would run.
+    The gather capacity is static (XLA shapes): the largest candidate count of the int8 scan per
+    sequence (all KV heads together) for this input, so the fast path never falls back to the exact
+    float scan; the row records it and the most pages a KV head keeps.
     """
     rows = []
     for tokens in token_counts:
@@ -416,7 +416,7 @@ def bench_ffd(token_counts, delta: float, repeats: int) -> list[dict]:
         h = pr.q.shape[1]
         keep, _ = jax.jit(ffd_ref.top_delta_keep, static_argnums=2)(pr.q, cache, delta)
         cand = jax.jit(ffd_ref.scan_candidates, static_argnums=2)(pr.q, cache, delta)[0]
-        capacity = max(1, int(jnp.max(jnp.sum(cand, -1))))  # static gather budget: no fallback
+        capacity = max(1, int(jnp.max(jnp.sum(cand, (1, 2)))))  # static gather budget: no fallback
         kept = float(ffd_ref.kept_fraction(keep, cache))
         k_hm, v_hm = pr.keys.transpose(0, 2, 1, 3), pr.values.transpose(0, 2, 1, 3)
         k16, v16 = k_hm.astype(jnp.bfloat16), v_hm.astype(jnp.bfloat16)
@@ -446,15 +446,14 @@ def bench_ffd(token_counts, delta: float, repeats: int) -> list[dict]:
                         residual_itemsize=1, v_itemsize=2)
         dense_cost = decode_cost(batch=b, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d, kv_itemsize=2)
         elems = b * s * kh * d
-        # What the CPU path reads: int8 scan keys (1 B/element) + two fp32 numbers per page; for the two
-        # reference pages and the candidates: packed codes, fp32 scales, fp8 residual and f32 values;
-        # the exact current page (f32 K and V).
-        slots = capacity + 2
-        cpu_read = elems + b * kh * (s // 128) * 8 + slots * b * kh * (128 * d * (0.25 + 1 + 4) + 4 * d) \
-            + 2 * 4 * b * kh * 128 * d
+        # What the CPU path reads: int8 scan keys (1 B/element) + two fp32 numbers per page; the two
+        # reference pages' packed codes and scales; for the gathered candidates: packed codes, fp32
+        # scales, fp8 residual and f32 values; the exact current page (f32 K and V).
+        cpu_read = elems + b * kh * (s // 128) * 8 + 2 * b * kh * (128 * d * 0.25 + 4 * d) \
+            + capacity * b * (128 * d * (0.25 + 1 + 4) + 4 * d) + 2 * 4 * b * kh * 128 * d
         rows.append({
-            "tokens": s, "delta": delta, "kept_fraction": kept, "capacity_pages": capacity,
-            "max_kept_pages": int(jnp.max(jnp.sum(keep, -1))), "max_candidate_pages": capacity,
+            "tokens": s, "delta": delta, "kept_fraction": kept, "capacity_pages_per_sequence": capacity,
+            "max_kept_pages_per_kv_head": int(jnp.max(jnp.sum(keep, -1))),
             "same_selection_as_reference": bool(jnp.all(out.keep == want.keep)),
             "max_abs_diff_vs_reference": float(jnp.max(jnp.abs(out.out - want.out))),
             "overflow_pages": int(jnp.sum(out.overflow)), "max_rel_error": err,
@@ -481,7 +480,7 @@ def _print_ffd(rows: list[dict]) -> None:
           f"{'split16':>8}{'FFD ms':>8}{'fastest dense':>15}{'x fastest dense':>17}{'x ref':>7}")
     for r in rows:
         m = r["ms"]
-        print(f"{r['tokens']:>8}{r['kept_fraction']:>7.1%}{r['capacity_pages']:>5}{str(r['same_selection_as_reference']):>9}"
+        print(f"{r['tokens']:>8}{r['kept_fraction']:>7.1%}{r['capacity_pages_per_sequence']:>5}{str(r['same_selection_as_reference']):>9}"
               f"{r['max_rel_error']:>9.2e}{m['dense_ref']:>8.2f}{m['hm_f32']:>8.2f}{m['hm_bf16']:>8.2f}"
               f"{m['hm_split16']:>8.2f}{m['ffd_fast']:>8.2f}{r['fastest_dense']:>15}"
               f"{r['speedup_vs_fastest_dense']:>16.2f}x{r['speedup_vs_dense_ref']:>6.2f}x")

@@ -586,9 +586,13 @@ def gathered_decode(q: jax.Array, cache: FFDCache, keep: jax.Array, priority: ja
     _, idx = jax.lax.top_k(jnp.where(keep, priority, -jnp.inf), cap)  # [b, k, cap]: selected first
     picked = jnp.take_along_axis(keep, idx, axis=-1)
 
-    sub = cache._replace(codes=_gather_slots(cache.codes, idx), scales=_gather_slots(cache.scales, idx),
-                         residual=_gather_slots(cache.residual, idx), values=_gather_slots(cache.values, idx),
-                         scan_keys=None, scan_scales=None, scan_l1=None)
+    flat = (jnp.arange(keep.shape[1])[None, :, None] * cache.num_pages + idx).reshape(idx.shape[0], -1)
+
+    def gather(x):  # [b, k, p, ...] -> [b, k, cap, ...]
+        return _pages_at(x, flat).reshape(idx.shape + x.shape[3:])
+
+    sub = cache._replace(codes=gather(cache.codes), scales=gather(cache.scales), residual=gather(cache.residual),
+                         values=gather(cache.values), scan_keys=None, scan_scales=None, scan_l1=None)
     merged = merge_partials(q, [pages_partial(q, sub, picked, use_residual=use_residual), current_partial(q, cache)])
     bi, ki = jnp.arange(keep.shape[0])[:, None, None], jnp.arange(keep.shape[1])[None, :, None]
     attended = jnp.zeros_like(keep).at[bi, ki, idx].max(picked)
@@ -636,49 +640,35 @@ def int8_page_maxima(q: jax.Array, cache: FFDCache) -> tuple[jax.Array, jax.Arra
     return jnp.where(cache.valid_pages[:, None, None, :], m, -jnp.inf), err
 
 
-def _end_pages(cache: FFDCache) -> jax.Array:
-    """[b, 2] int32: the first and the last full page (the reference pages of the threshold)."""
-    last = jnp.maximum(cache.full_pages - 1, 0)
-    return jnp.stack([jnp.zeros_like(last), last], axis=1)
-
-
 def scan_candidates(q: jax.Array, cache: FFDCache, delta: float) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Pages the int8 scan cannot rule out, other than the first and the last full page.
+    """Pages the int8 scan cannot rule out: a superset of :func:`top_delta_keep`'s selection.
 
-    The threshold is bounded from below by the two reference pages' lower bounds,
-    ``th_low = max(m - err) - delta <= m_ref - delta``; a page is a candidate when, for some head of
-    its GQA group, its upper bound ``m + err`` (:func:`int8_page_maxima`) reaches ``th_low``. With the
-    two reference pages, which :func:`fast_ffd_decode` always reads, the candidates are a superset of
-    :func:`top_delta_keep`'s selection.
+    A page is a candidate when, for some head of its GQA group, the upper bound ``m + err`` of
+    :func:`int8_page_maxima` reaches the threshold ``m_ref - delta`` of :func:`reference_threshold`.
 
     Returns:
-      ``(candidates [b, k, p] bool, priority [b, k, p] float32, th_low [b, k, g])``: priority is the
-      group's best upper bound (-inf on invalid pages).
+      ``(candidates [b, k, p] bool, priority [b, k, p] float32, threshold [b, k, g])``: priority is
+      the group's best upper bound (-inf on invalid pages).
     """
-    if not delta >= 0:
-        raise ValueError(f"delta must be >= 0 (log2 units; inf keeps all pages), got {delta}")
+    th = reference_threshold(q, cache, delta)  # [b, k, g]
     m, err = int8_page_maxima(q, cache)
-    ends = _end_pages(cache)  # [b, 2]
-    low = jnp.take_along_axis(m - err, jnp.broadcast_to(ends[:, None, None, :], m.shape[:3] + (2,)), axis=-1)
-    th_low = jnp.max(low, axis=-1) - delta if math.isfinite(delta) else jnp.full(m.shape[:3], -jnp.inf)
     upper = m + err
-    is_end = jnp.any(jnp.arange(cache.num_pages)[None, :, None] == ends[:, None, :], axis=-1)  # [b, p]
-    cand = jnp.any(upper >= th_low[..., None], axis=2) & (cache.valid_pages & ~is_end)[:, None, :]
-    return cand, jnp.max(upper, axis=2), th_low
+    cand = jnp.any(upper >= th[..., None], axis=2) & cache.valid_pages[:, None, :]
+    return cand, jnp.max(upper, axis=2), th
 
 
-def _gather_slots(x: jax.Array, slots: jax.Array) -> jax.Array:
-    """The page slots ``slots`` [b, k, c] of a ``[b, k, p, ...]`` array -> ``[b, k, c, ...]``.
+def _pages_at(x: jax.Array, flat: jax.Array) -> jax.Array:
+    """Whole pages ``flat`` [b, c] (index ``head * p + page``) of a ``[b, k, p, ...]`` array -> ``[b, c, ...]``.
 
-    One gather of whole pages over the flattened (b, k, p) axis. float8 is gathered as its bytes:
-    XLA on CPU otherwise converts every element to float16 and back around the gather.
+    One gather over the flattened (b, k, p) axis. float8 is gathered as its bytes: XLA on CPU
+    otherwise converts every element to float16 and back around the gather.
     """
     b, kh, p = x.shape[:3]
-    flat = ((jnp.arange(b)[:, None, None] * kh + jnp.arange(kh)[None, :, None]) * p + slots).reshape(-1)
     fp8 = x.dtype == jnp.float8_e4m3fn
     raw = jax.lax.bitcast_convert_type(x, jnp.uint8) if fp8 else x
-    out = jnp.take(raw.reshape((b * kh * p,) + x.shape[3:]), flat, axis=0, mode="clip")
-    out = out.reshape(slots.shape + x.shape[3:])
+    rows = (jnp.arange(b)[:, None] * (kh * p) + flat).reshape(-1)
+    out = jnp.take(raw.reshape((b * kh * p,) + x.shape[3:]), rows, axis=0, mode="clip")
+    out = out.reshape(flat.shape + x.shape[3:])
     return jax.lax.bitcast_convert_type(out, x.dtype) if fp8 else out
 
 
@@ -689,43 +679,48 @@ def _exact_scan_decode(q, cache, th, capacity, use_residual, chunk_pages) -> Gat
     return gathered_decode(q, cache, keep, jnp.max(m, axis=2), capacity=capacity, use_residual=use_residual)
 
 
-def _slots_decode(q: jax.Array, cache: FFDCache, slots: jax.Array, usable: jax.Array, delta: float,
-                  use_residual: bool) -> GatheredOutput:
-    """FFD over the page slots [b, k, 2 + c]: slots 0 and 1 the reference pages, then the candidates.
+def _candidates_decode(q: jax.Array, cache: FFDCache, cand: jax.Array, priority: jax.Array, th: jax.Array,
+                       capacity: int, use_residual: bool) -> GatheredOutput:
+    """FFD over the ``capacity`` best candidate pages of each sequence, its KV heads pooled.
 
-    The slots' exact scan scores (the reference formula) give the threshold (from slots 0, 1) and the
-    selection; the kept slots' refined scores and the exact current page share one softmax.
-    ``usable`` [b, k, 2 + c] marks slots that hold a distinct valid page.
+    Each page slot ``c`` carries its KV head; its exact scan scores (the reference formula) decide
+    the selection, and one softmax per head covers its kept slots' refined scores and its exact
+    current page (per-head sums over slots are products with a one-hot [b, c, k] matrix).
     """
-    b, kh, n = slots.shape
-    bs, d, p = cache.page_size, q.shape[-1], cache.num_pages
-    sub = cache._replace(codes=_gather_slots(cache.codes, slots), scales=_gather_slots(cache.scales, slots))
-    shat = scan_scores(q, sub)  # [b, k, g, n, bs]
-    page_max = jnp.max(shat, axis=-1)  # [b, k, g, n]
-    m_ref = jnp.where(cache.full_pages[:, None, None] > 0, jnp.max(page_max[..., :2], axis=-1), -jnp.inf)
-    th = m_ref - delta if math.isfinite(delta) else jnp.full_like(m_ref, -jnp.inf)
-    keep = jnp.any(page_max >= th[..., None], axis=2) & usable  # [b, k, n]
-
-    tau = LOG2E / math.sqrt(d)
+    b, kh, p = cand.shape
+    bs, d = cache.page_size, q.shape[-1]
+    _, flat = jax.lax.top_k(jnp.where(cand, priority, -jnp.inf).reshape(b, kh * p), capacity)  # [b, c]
+    usable = jnp.take_along_axis(cand.reshape(b, kh * p), flat, axis=-1)
+    head = flat // p
     qg = _grouped(q, cache)  # [b, k, g, d]
-    scores = shat.reshape(b, kh, -1, n * bs)  # [b, k, g, n bs]
+    q_slot = jnp.take_along_axis(qg, head[:, :, None, None], axis=1)  # [b, c, g, d]
+    tau = LOG2E / math.sqrt(d)
+    qs = q_slot * _pages_at(cache.scales, flat)[:, :, None, :]  # [b, c, g, d]
+    codes = unpack_codes(_pages_at(cache.codes, flat), cache.bits).astype(jnp.float32)  # [b, c, bs, d]
+    shat = tau * (jnp.einsum("bcgd,bctd->bcgt", qs, codes) - _offset(cache.bits) * jnp.sum(qs, axis=-1)[..., None])
+    keep = jnp.any(jnp.max(shat, axis=-1) >= jnp.take_along_axis(th, head[:, :, None], axis=1), axis=-1) & usable
+    scores = shat
     if use_residual:  # keys first: the order XLA's CPU dot reads without a transposed copy
-        res = _gather_slots(cache.residual, slots).astype(jnp.float32).reshape(b, kh, n * bs, d)
-        scores = scores + tau * jnp.swapaxes(jnp.einsum("bksd,bkgd->bksg", res, qg), 2, 3)
-    scores = jnp.where(jnp.repeat(keep, bs, axis=-1)[:, :, None, :], scores, -jnp.inf)
+        res = _pages_at(cache.residual, flat).astype(jnp.float32)
+        scores = scores + tau * jnp.swapaxes(jnp.einsum("bctd,bcgd->bctg", res, q_slot), 2, 3)
+    scores = jnp.where(keep[:, :, None, None], scores, -jnp.inf)  # [b, c, g, bs]
+    one_hot = head[..., None] == jnp.arange(kh)  # [b, c, k]
     cur_len = cache.lengths - cache.full_pages * bs  # [b]
     cur = tau * jnp.einsum("bkgd,bktd->bkgt", qg, cache.current_keys.astype(jnp.float32))
     cur = jnp.where((jnp.arange(bs)[None, :] < cur_len[:, None])[:, None, None, :], cur, -jnp.inf)
-    top = jnp.maximum(jnp.max(scores, axis=-1), jnp.max(cur, axis=-1))[..., None]  # [b, k, g, 1]
+    slot_max = jnp.where(one_hot[..., None], jnp.max(scores, axis=-1)[:, :, None, :], -jnp.inf)  # [b, c, k, g]
+    top = jnp.maximum(jnp.max(slot_max, axis=1), jnp.max(cur, axis=-1))  # [b, k, g]
     top = jnp.where(jnp.isfinite(top), top, 0.0)
-    w, w_cur = jnp.exp2(scores - top), jnp.exp2(cur - top)
-    total = jnp.sum(w, axis=-1) + jnp.sum(w_cur, axis=-1)  # [b, k, g]
-    values = _gather_slots(cache.values, slots).astype(jnp.float32).reshape(b, kh, n * bs, d)
-    out = jnp.einsum("bkgs,bksd->bkgd", w, values) + jnp.einsum("bkgt,bktd->bkgd", w_cur,
-                                                                 cache.current_values.astype(jnp.float32))
+    w = jnp.exp2(scores - jnp.take_along_axis(top, head[:, :, None], axis=1)[..., None])
+    w_cur = jnp.exp2(cur - top[..., None])
+    values = _pages_at(cache.values, flat).astype(jnp.float32)  # [b, c, bs, d]
+    pool = one_hot.astype(jnp.float32)
+    total = jnp.einsum("bck,bcg->bkg", pool, jnp.sum(w, axis=-1)) + jnp.sum(w_cur, axis=-1)
+    out = jnp.einsum("bck,bcgd->bkgd", pool, jnp.einsum("bcgt,bctd->bcgd", w, values))
+    out = out + jnp.einsum("bkgt,bktd->bkgd", w_cur, cache.current_values.astype(jnp.float32))
     out = out / jnp.maximum(total, 1e-30)[..., None]
-    lse = jnp.where(total > 0, (top[..., 0] + jnp.log2(jnp.maximum(total, 1e-30))) / LOG2E, -jnp.inf)
-    attended = jnp.any((slots[..., None] == jnp.arange(p)) & keep[..., None], axis=2)
+    lse = jnp.where(total > 0, (top + jnp.log2(jnp.maximum(total, 1e-30))) / LOG2E, -jnp.inf)
+    attended = jnp.zeros((b, kh * p), bool).at[jnp.arange(b)[:, None], flat].max(keep).reshape(b, kh, p)
     return GatheredOutput(out.reshape(q.shape).astype(q.dtype), lse.reshape(q.shape[:2]), attended,
                           jnp.zeros((b, kh), jnp.int32))
 
@@ -740,58 +735,53 @@ def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capaci
     XLA on CPU does not fuse 2-bit unpacking into a dot (an unpacked float scan is as slow as dense
     decode), but an ``int8 x int8`` dot over one-byte keys is fast. So, with ``cache.scan_keys``:
 
-    1. :func:`int8_page_maxima` scans every page with one int8 query per head and returns page
-       maxima with a proven error bound; :func:`scan_candidates` keeps the pages whose upper bound
-       reaches a lower bound of the threshold (a superset of the reference selection);
-    2. the first and the last full page (the threshold's reference pages) and at most ``c``
-       candidates per (b, KV head), best upper bound first, are gathered; their exact float scan
-       scores (the reference formula on the packed codes) give the exact threshold ``m_ref - delta``
-       and the selection, exactly as :func:`top_delta_keep`;
-    3. one softmax runs over the kept pages' refined scores and the exact current page.
+    1. the threshold ``m_ref - delta`` comes from the first and last full page (exact, two pages);
+    2. :func:`int8_page_maxima` scans every page with one int8 query per head and returns page
+       maxima with a proven error bound; pages whose upper bound reaches the threshold are
+       candidates (:func:`scan_candidates`, a superset of the reference selection);
+    3. the ``c`` candidates with the best upper bound of each sequence, over all of its KV heads
+       (heads keep different numbers of pages, so a shared budget gathers fewer pages than one per
+       head), are gathered; their exact float scan scores (the reference formula on the packed
+       codes) decide the selection exactly as :func:`top_delta_keep`, and one softmax per head
+       covers its kept pages and its exact current page.
 
-    If some (b, KV head) has more than ``c`` candidates, the whole call falls back (``lax.cond``,
-    only one branch runs) to the exact float scan of every page followed by :func:`gathered_decode`
-    with the same capacity, so the result never depends on the int8 approximation. Without
+    If a sequence has more than ``c`` candidates, the whole call falls back (``lax.cond``, only one
+    branch runs) to the exact float scan of every page followed by :func:`gathered_decode` with ``c``
+    pages per KV head, so the result never depends on the int8 approximation. Without
     ``scan_keys`` that exact path is the only one.
 
     Args:
       q: [b, h, d] queries; cache: the FFD cache.
       delta: margin in log2 units (``inf`` keeps every valid page).
-      capacity: static page budget ``c`` per (b, KV head), besides the two reference pages (default:
-        all pages).
+      capacity: static page budget ``c``: candidate pages gathered per sequence over all its KV heads
+        (the exact fallback: per KV head). Default: every page of every KV head.
       use_residual: refine kept pages with the residual.
       chunk_pages: scan chunk of the exact fallback (see :func:`chunked_page_maxima`).
 
     Returns:
       :class:`GatheredOutput`. Same selection as :func:`top_delta_keep`; ``out`` equals
       :func:`ffd_decode` whenever ``capacity`` covers the candidates (else the exact fallback keeps
-      at most ``c`` pages: those with the lowest scan maxima are dropped and counted in ``overflow``).
+      at most ``c`` pages per KV head: those with the lowest scan maxima are dropped and counted in
+      ``overflow``).
     """
-    cap_in = max(cache.num_pages, 1) if capacity is None else capacity
+    b, h, _ = q.shape
+    kh, p = cache.scales.shape[1], cache.num_pages
+    cap_in = max(kh * p, 1) if capacity is None else capacity
     if not isinstance(cap_in, int) or cap_in < 1:
-        raise ValueError(f"capacity must be a positive int (pages per sequence and KV head), got {capacity!r}")
-    if cache.scan_keys is None or cache.num_pages == 0:
+        raise ValueError(f"capacity must be a positive int (pages per sequence), got {capacity!r}")
+    if cache.scan_keys is None or p == 0:
         th = reference_threshold(q, cache, delta)
         return _exact_scan_decode(q, cache, th, cap_in, use_residual, chunk_pages)
-    cand, priority, _ = scan_candidates(q, cache, delta)
-    cap = min(cap_in, cache.num_pages)
-    b, kh, _ = cand.shape
+    cand, priority, th = scan_candidates(q, cache, delta)
+    cap = min(cap_in, kh * p)
 
     def sparse(_):
-        _, idx = jax.lax.top_k(jnp.where(cand, priority, -jnp.inf), cap)  # [b, k, c]: candidates first
-        ends = _end_pages(cache)
-        slots = jnp.concatenate([jnp.broadcast_to(ends[:, None, :], (b, kh, 2)), idx], axis=-1)
-        has_page = cache.full_pages > 0
-        end_ok = jnp.stack([has_page, cache.full_pages > 1], axis=1)  # one full page: slot 1 repeats slot 0
-        usable = jnp.concatenate([jnp.broadcast_to(end_ok[:, None, :], (b, kh, 2)),
-                                  jnp.take_along_axis(cand, idx, axis=-1)], axis=-1)
-        return _slots_decode(q, cache, slots, usable, delta, use_residual)
+        return _candidates_decode(q, cache, cand, priority, th, cap, use_residual)
 
     def exact(_):
-        th = reference_threshold(q, cache, delta)
         return _exact_scan_decode(q, cache, th, cap_in, use_residual, chunk_pages)
 
-    overflowing = jnp.any(jnp.sum(cand, axis=-1) > cap)
+    overflowing = jnp.any(jnp.sum(cand, axis=(1, 2)) > cap)
     return jax.lax.cond(overflowing, exact, sparse, None)
 
 
