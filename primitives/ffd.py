@@ -764,7 +764,6 @@ def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capaci
       at most ``c`` pages per KV head: those with the lowest scan maxima are dropped and counted in
       ``overflow``).
     """
-    b, h, _ = q.shape
     kh, p = cache.scales.shape[1], cache.num_pages
     cap_in = max(kh * p, 1) if capacity is None else capacity
     if not isinstance(cap_in, int) or cap_in < 1:
