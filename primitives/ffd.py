@@ -695,9 +695,10 @@ def _candidates_decode(q: jax.Array, cache: FFDCache, cand: jax.Array, priority:
     qg = _grouped(q, cache)  # [b, k, g, d]
     q_slot = jnp.take_along_axis(qg, head[:, :, None, None], axis=1)  # [b, c, g, d]
     tau = LOG2E / math.sqrt(d)
-    qs = q_slot * _pages_at(cache.scales, flat)[:, :, None, :]  # [b, c, g, d]
-    codes = unpack_codes(_pages_at(cache.codes, flat), cache.bits).astype(jnp.float32)  # [b, c, bs, d]
-    shat = tau * (jnp.einsum("bcgd,bctd->bcgt", qs, codes) - _offset(cache.bits) * jnp.sum(qs, axis=-1)[..., None])
+    # The reference scan on a cache of one page per slot, the slot standing in for its KV head.
+    slots = cache._replace(codes=_pages_at(cache.codes, flat)[:, :, None],
+                           scales=_pages_at(cache.scales, flat)[:, :, None])
+    shat = scan_scores(q_slot.reshape(b, -1, d), slots)[:, :, :, 0]  # [b, c, g, bs]
     keep = jnp.any(jnp.max(shat, axis=-1) >= jnp.take_along_axis(th, head[:, :, None], axis=1), axis=-1) & usable
     scores = shat
     if use_residual:  # keys first: the order XLA's CPU dot reads without a transposed copy
