@@ -287,10 +287,12 @@ def prefill(model: Transformer, prompts: jax.Array, new_tokens: int):
 def _decode(graphdef, state, first, cache, *, steps: int):
     def body(carry, _):
         prev, cache = carry
-        model = nnx.merge(graphdef, state)  # fresh per trace: the FFD step sows its kept fraction
+        model = nnx.merge(graphdef, state)
         out = model(prev[:, None], cache=cache)
-        sown = jax.tree.leaves(nnx.state(model, nnx.Intermediate))  # one scalar per layer (FFD modes)
-        kept = jnp.stack([jnp.asarray(x, jnp.float32) for x in sown]) if sown else jnp.ones((model.config.num_layers,))
+        if out.intermediates is not None and "ffd_kept_fraction" in out.intermediates:  # FFD modes: [L]
+            kept = out.intermediates["ffd_kept_fraction"].astype(jnp.float32)
+        else:
+            kept = jnp.ones((model.config.num_layers,))
         tok = jnp.argmax(out.logits[:, 0], -1).astype(jnp.int32)
         return (tok, out.cache), (tok, kept)
 
@@ -304,7 +306,7 @@ def decode(model: Transformer, first: jax.Array, cache, steps: int) -> tuple[np.
 
     Returns:
       (tokens [b, steps + 1] with ``first`` in column 0, kept page fraction [steps, layers] of each decode
-      step: the ``ffd_kept_fraction`` intermediate each FFD layer sows, over prompts and KV heads; 1.0
+      step: the model's ``ffd_kept_fraction`` intermediate [layers], over prompts and KV heads; 1.0
       for dense decode modes).
     """
     graphdef, state = nnx.split(model)

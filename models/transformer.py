@@ -33,7 +33,10 @@ What the papers need from a model, all passed as arguments (no monkey-patching):
     logsumexp [L, b, h, t] (intermediates `attn_scores`, `attn_lse`);
     `sparse_decode=SparseDecode(select, recent_start, max_recent)` makes a
     one-token step attend only to the keys `select(layer, q, keys)` lists plus
-    the recent range, through `pallas_kernels.vegas.sparse_decode_attention`.
+    the recent range, through `pallas_kernels.vegas.sparse_decode_attention`;
+  * FFD decoding (`AttentionConfig(decode="ffd")`): every one-token decode step
+    returns the fraction of cache pages each layer kept [L] (intermediates
+    `ffd_kept_fraction`, over sequences and KV heads).
 
 The FFN is a pluggable slot: `TransformerConfig.ffn_type` names a factory in
 `FFN_TYPES` (`register_ffn` adds one). An FFN module maps [b, t, D] to
@@ -518,7 +521,7 @@ class Attention(nnx.Module):
         """Returns (output [b, t, D], head outputs [b, t, h, d], updated (k, v) cache or None, extras).
 
         `extras` holds `scores` [b, h, R, S] and `lse` [b, h, t] when `score_rows` is given (with a
-        cache); `sparse_decode` is (select bound to this layer, recent_start, max_recent);
+        cache) and `ffd_kept_fraction` (a scalar) on an FFD decode step; `sparse_decode` is (select bound to this layer, recent_start, max_recent);
         `kv_layout` is the axis order of `layer_cache` (read as stored, never transposed);
         `bias_fn(q [b, t, h, d], k [b, s, k, d]) -> [b, h, t, s]` adds attention logits (dense paths);
         `default_positions` says `positions` are 0..t-1 (the flash prefill masks by token index).
@@ -553,7 +556,10 @@ class Attention(nnx.Module):
                     q[:, 0], k_all, v_all, indices, valid, recent_start, cache_lengths + 1,
                     max_recent=max_recent, kv_layout=kv_layout)[:, None]
             elif x.shape[1] == 1 and self.decode_mode != "dense" and bias_fn is None:
-                heads = self._decode_step(q[:, 0], k_all, v_all, cache_lengths + 1, kv_layout)[:, None]
+                heads, kept = self._decode_step(q[:, 0], k_all, v_all, cache_lengths + 1, kv_layout)
+                heads = heads[:, None]
+                if kept is not None:
+                    extras = {"ffd_kept_fraction": kept}
             else:
                 # Entries past the valid length lie after every valid query's position,
                 # so the causal mask alone hides them.
@@ -577,10 +583,14 @@ class Attention(nnx.Module):
         return self.prefill_mode == "flash"
 
     def _decode_step(self, q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array,
-                     kv_layout: str) -> jax.Array:
-        """One query per sequence over its cache, through the configured kernel dispatcher."""
+                     kv_layout: str) -> tuple[jax.Array, jax.Array | None]:
+        """One query per sequence over its cache, through the configured kernel dispatcher.
+
+        Returns the heads [b, h, d] and, for FFD decoding, the step's kept page fraction (a scalar
+        over sequences and KV heads; None for the dense kernel).
+        """
         if self.decode_mode == "kernel":
-            return decode_kernel.decode_attention(q, k, v, lengths, kv_layout=kv_layout)
+            return decode_kernel.decode_attention(q, k, v, lengths, kv_layout=kv_layout), None
         ffd = self.ffd
         cache = ffd_lib.build_cache(k, v, lengths, page_size=ffd.page_size, bits=ffd.bits, layout=kv_layout,
                                     scan_keys=False)  # the int8 scan keys serve only fast_ffd_decode
@@ -590,9 +600,7 @@ class Attention(nnx.Module):
             budget = jnp.ceil(ffd.kept_fraction * cache.full_pages).astype(jnp.int32)
             select = ffd_lib.top_k_keep if ffd.selector == "top_k" else ffd_lib.quest_keep
             out = ffd_lib.sparse_decode(q, cache, select(q, cache, budget))
-        # Kept fraction of this step (an nnx.Intermediate: `nnx.pop(model, nnx.Intermediate)` reads it).
-        self.sow(nnx.Intermediate, "ffd_kept_fraction", ffd_lib.kept_fraction(out.keep, cache))
-        return out.out
+        return out.out, ffd_lib.kept_fraction(out.keep, cache)
 
 
 def _per_head(mask: jax.Array) -> jax.Array:
@@ -635,8 +643,9 @@ class TransformerOutput(NamedTuple):
       aux_loss: scalar sum of the FFNs' `aux["loss"]` (0 for dense FFNs).
       intermediates: None, or a dict with `residuals` [L+1, b, t, D],
         `head_outputs` [L, b, t, h, d] and `ffn_aux` (tuple of L dicts) when
-        `return_intermediates`, and `attn_scores` [L, b, h, R, S] and `attn_lse`
-        [L, b, h, t] when `score_rows` was given.
+        `return_intermediates`, `attn_scores` [L, b, h, R, S] and `attn_lse`
+        [L, b, h, t] when `score_rows` was given, and `ffd_kept_fraction` [L] on an FFD
+        decode step.
     """
 
     logits: jax.Array
@@ -798,7 +807,7 @@ class Transformer(nnx.Module):
             x, aux_loss = self._scan_blocks(shard_batch(x), positions, segment_ids, not explicit_positions, aux_loss)
             return self._logits(x, logits_at, None, aux_loss, None)
         residuals, head_outputs, ffn_aux = [x], [], []
-        new_keys, new_values, attn_scores, attn_lse = [], [], [], []
+        new_keys, new_values, attn_scores, attn_lse, kept = [], [], [], [], []
         for l, layer in enumerate(self.layers):
             sparse = None
             if sparse_decode is not None:
@@ -821,6 +830,8 @@ class Transformer(nnx.Module):
             if score_rows is not None:
                 attn_scores.append(extras["scores"])
                 attn_lse.append(extras["lse"])
+            if "ffd_kept_fraction" in extras:
+                kept.append(extras["ffd_kept_fraction"])
             if residual_deltas is not None:
                 x = x + _residual_delta(residual_deltas[l]).astype(x.dtype)
             if "loss" in aux:
@@ -847,6 +858,8 @@ class Transformer(nnx.Module):
         if score_rows is not None:
             intermediates = dict(intermediates or {}, attn_scores=jnp.stack(attn_scores),
                                  attn_lse=jnp.stack(attn_lse))
+        if kept:
+            intermediates = dict(intermediates or {}, ffd_kept_fraction=jnp.stack(kept))
         return self._logits(x, logits_at, new_cache, aux_loss, intermediates)
 
     def _scan_blocks(self, x, positions, segment_ids, default_positions, aux_loss):

@@ -11,9 +11,8 @@ one token per sequence per iteration until every row has emitted a stop token or
 N tokens are out. The whole thing is one `jax.jit`: the model is split into a
 static graph definition and its state, so it compiles once per (model
 structure, shapes, sampler, stop tokens). The model is rebuilt from that state
-inside each traced function (prefill, loop body), so a model that records
-`nnx.Intermediate` values during a decode step (e.g. FFD's kept fraction under
-`TransformerConfig(attention=AttentionConfig(decode="ffd"))`) runs inside the loop.
+inside each traced function (prefill, loop body), so no traced value of one
+function leaks into another through the model object.
 
 Greedy output equals re-running the full forward pass on the growing sequence
 and taking the argmax at every step (tested).

@@ -235,8 +235,16 @@ def test_decode_attention_routes_through_kernels(mode, overrides, atol):
     for m in (dense, routed):
         graphdef, state = nnx.split(m)
         cache = _forward(graphdef, state, tokens[:, :14], m.init_cache(2, 16), lengths).cache
-        outs.append(_forward(graphdef, state, tokens[jnp.arange(2), lengths][:, None], cache).logits)
+        outs.append(_forward(graphdef, state, tokens[jnp.arange(2), lengths][:, None], cache))
     if atol is None:
-        assert np.all(np.isfinite(np.asarray(outs[1]))) and not np.allclose(outs[0], outs[1], atol=1e-6)
+        assert np.all(np.isfinite(np.asarray(outs[1].logits))) and not np.allclose(outs[0].logits, outs[1].logits,
+                                                                                    atol=1e-6)
     else:
-        np.testing.assert_allclose(outs[1], outs[0], atol=atol)
+        np.testing.assert_allclose(outs[1].logits, outs[0].logits, atol=atol)
+    assert outs[0].intermediates is None
+    if mode == "ffd":  # the step's kept page fraction per layer: every page when exact, fewer when sparse
+        kept = np.asarray(outs[1].intermediates["ffd_kept_fraction"])
+        assert kept.shape == (tiny_config().num_layers,) and np.all((kept > 0) & (kept <= 1))
+        assert np.all(kept == 1.0) if atol is not None else np.all(kept < 1.0)
+    else:
+        assert outs[1].intermediates is None
