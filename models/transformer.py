@@ -521,7 +521,8 @@ class Attention(nnx.Module):
         """Returns (output [b, t, D], head outputs [b, t, h, d], updated (k, v) cache or None, extras).
 
         `extras` holds `scores` [b, h, R, S] and `lse` [b, h, t] when `score_rows` is given (with a
-        cache) and `ffd_kept_fraction` (a scalar) on an FFD decode step; `sparse_decode` is (select bound to this layer, recent_start, max_recent);
+        cache) and `ffd_kept_fraction` (a scalar) on an FFD decode step; `sparse_decode` is (select
+        bound to this layer, recent_start, max_recent);
         `kv_layout` is the axis order of `layer_cache` (read as stored, never transposed);
         `bias_fn(q [b, t, h, d], k [b, s, k, d]) -> [b, h, t, s]` adds attention logits (dense paths);
         `default_positions` says `positions` are 0..t-1 (the flash prefill masks by token index).
