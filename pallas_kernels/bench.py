@@ -33,10 +33,11 @@ library's bandwidth, its fraction of that read roofline and its ratio to the fas
 The model-level benchmarks (``generate`` throughput, the MoE FFN) live in ``experiments/bench.py``
 (``python -m experiments bench`` runs them together with these sections).
 
-With a GPU present, the same command also compiles the Pallas kernels (Triton), checks them against
-the references, reports the dense decode kernel's achieved bandwidth against the copy ceiling and
-FFD's kernel speedup over our dense decode kernel at 32k-256k tokens. Nothing here is asserted: the
-numbers are printed (and saved with ``--out``) for the reader to judge.
+With a GPU present, the same command also runs ``pallas_kernels.device_check`` (every Pallas kernel
+compiled for Triton and checked against its reference, the card's measured copy ceiling, the dense
+decode kernel's bandwidth per axis order, FFD's kernel speedup over our dense decode kernel at
+32k-256k tokens); on a lent GPU run that module alone, it is the short one. Nothing here is asserted:
+the numbers are printed (and saved with ``--out``) for the reader to judge.
 """
 
 from __future__ import annotations
@@ -58,8 +59,7 @@ from pallas_kernels.decode_attention import api as decode_api
 from pallas_kernels._common import Cost
 from pallas_kernels.decode_attention.cost import decode_cost
 from pallas_kernels.ffd_decode import ffd_cost
-from pallas_kernels.ffd_decode import ffd_decode as ffd_kernel
-from pallas_kernels import kv_quant
+from pallas_kernels import device_check, kv_quant
 from pallas_kernels import qvg as qvg_kernels
 from pallas_kernels import vegas as vegas_kernels
 from pallas_kernels.flash_attention import api as flash_api
@@ -536,36 +536,6 @@ def _print_ffd_sweep(sweep: dict) -> None:
           f"head's attention mass, spread over every page: a selection reaches 1e-2 only once it keeps most of it.")
 
 
-def bench_gpu(token_counts, delta: float, repeats: int) -> dict:
-    """Compiled kernels on a GPU: correctness against the references, bandwidth, FFD speedup."""
-    out = {"decode": [], "ffd": []}
-    for tokens in token_counts:
-        pr, cache = _ffd_problem(tokens)
-        b, s, kh, d = pr.keys.shape
-        h = pr.q.shape[1]
-        q16, k16, v16 = (x.astype(jnp.bfloat16) for x in (pr.q, pr.keys, pr.values))
-        dense_k = jax.jit(lambda q, k, v, n: decode_api.decode_attention(q, k, v, n, implementation="pallas_triton"))
-        ffd_k = jax.jit(lambda q, c: ffd_kernel(q, c, delta=delta, implementation="pallas_triton"))
-        got_d = dense_k(q16, k16, v16, pr.lengths)
-        want_d = attn_ref.decode_attention(q16, k16, v16, pr.lengths)
-        got_f = ffd_k(pr.q, cache)
-        want_f = ffd_ref.ffd_decode(pr.q, cache, delta=delta)
-        times = _timed({"dense_kernel": lambda: dense_k(q16, k16, v16, pr.lengths),
-                        "ffd_kernel": lambda: ffd_k(pr.q, cache)}, repeats)
-        dense_bytes = decode_cost(batch=b, kv_len=s, num_heads=h, num_kv_heads=kh, head_dim=d,
-                                  kv_itemsize=2).bytes_accessed
-        kept = float(ffd_ref.kept_fraction(got_f.keep, cache))
-        out["decode"].append({"tokens": s, "ms": times["dense_kernel"] * 1e3,
-                              "max_abs_err": float(jnp.max(jnp.abs(got_d.astype(jnp.float32) - want_d.astype(jnp.float32)))),
-                              "achieved_tb_s": dense_bytes / times["dense_kernel"] / 1e12,
-                              "fraction_of_copy_ceiling": dense_bytes / times["dense_kernel"] / H200["bandwidth"]})
-        out["ffd"].append({"tokens": s, "ms": times["ffd_kernel"] * 1e3, "kept_fraction": kept,
-                           "same_selection": bool(jnp.all(got_f.keep == want_f.keep)),
-                           "max_abs_err": float(jnp.max(jnp.abs(got_f.out - want_f.out))),
-                           "speedup_vs_dense_kernel": times["dense_kernel"] / times["ffd_kernel"]})
-    return out
-
-
 def _run_ops(args) -> dict:
     rows = bench_ops(args.repeats)
     _print_rows(rows)
@@ -596,7 +566,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", default="16384,65536", help="comma list of FFD cache lengths (CPU)")
     parser.add_argument("--decode-tokens", default="2048,8192,16384,32768,65536",
                         help="comma list of dense decode cache lengths")
-    parser.add_argument("--gpu-tokens", default="32768,65536,131072,262144", help="FFD lengths on a GPU")
     parser.add_argument("--delta", type=float, default=5.0, help="FFD margin, log2 units")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None, help="write the numbers as JSON here")
@@ -627,9 +596,8 @@ def main(argv=None, *, sections: dict | None = None, extra_arguments=None, descr
     for name, run in sections.items():
         if only is None or name in only:
             result.update(run(args))
-    if backend == "gpu":
-        result["gpu"] = bench_gpu([int(t) for t in args.gpu_tokens.split(",")], args.delta, args.repeats)
-        print(json.dumps(result["gpu"], indent=1))
+    if backend == "gpu":  # the compiled kernels: the device check (`python -m pallas_kernels.device_check` alone)
+        result["gpu"] = device_check.run(repeats=args.repeats)
     if args.out:
         path = pathlib.Path(args.out)
         path.parent.mkdir(parents=True, exist_ok=True)
