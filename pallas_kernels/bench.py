@@ -74,17 +74,7 @@ TPU_V5E = {"name": "TPU v5e", "peak_flops": 197e12, "bandwidth": 819e9}
 DEVICES = (H200, TPU_V5E)
 
 
-def _timed(fns: dict, repeats: int) -> dict:
-    """Median seconds per callable; calls interleaved round-robin after one warm-up each."""
-    for f in fns.values():
-        jax.block_until_ready(f())
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t = time.perf_counter()
-            jax.block_until_ready(f())
-            times[k].append(time.perf_counter() - t)
-    return {k: float(np.median(v)) for k, v in times.items()}
+_timed = device_check.timed  # median seconds per callable, interleaved round-robin
 
 
 def _projected(cost: Cost) -> dict:
