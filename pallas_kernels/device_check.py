@@ -152,8 +152,9 @@ def _flash_grad(z: Size, impl, interpret):
 
 def _gmm_args(z: Size):
     m, k, n, e = z.gmm
-    cuts = np.sort(np.random.default_rng(0).choice(np.arange(1, m), e - 1, replace=False))
-    sizes = np.diff(np.concatenate([[0], cuts, [m - m // 16]]))  # uneven groups, the last rows past the total
+    total = m - m // 16  # the last rows lie past the groups' total
+    cuts = np.sort(np.random.default_rng(0).choice(np.arange(1, total), e - 1, replace=False))
+    sizes = np.diff(np.concatenate([[0], cuts, [total]]))  # uneven groups
     return _normal(9, (m, k), scale=0.1), _normal(10, (e, k, n), scale=0.1), jnp.asarray(sizes, jnp.int32)
 
 
