@@ -2,6 +2,7 @@
 
     python -m pallas_kernels.device_check                      # on the GPU machine (about 5 minutes)
     python -m pallas_kernels.device_check --dry-run            # anywhere: tiny shapes, interpreted
+    python -m pallas_kernels.device_check --lower-only         # anywhere: every full-size program lowers
 
 GPU time is lent rarely and briefly, so everything the kernels still owe a GPU runs from this one
 command, in order of importance, each step guarded so that one failure (a Triton compile error, a
@@ -23,7 +24,8 @@ numerical mismatch) is recorded and the run goes on:
 A time budget (``--budget-s``) skips what is left, saying so, rather than overrun the lease. The JSON
 (``--out``, default ``results/bench/gpu_<card>.json``) records the card's name and every number.
 ``--dry-run`` runs the same code at tiny shapes with the kernels interpreted (on CPU, seconds), which
-is what the test suite does, so the script itself is known to work before a GPU is spent on it.
+is what the test suite does, so the script itself is known to work before a GPU is spent on it;
+``--lower-only`` (also tested) lowers every program of the GPU run at its full shapes for Triton.
 Nothing is asserted here: a failed check is reported as such for the reader to act on.
 """
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import pathlib
 import re
@@ -106,9 +109,10 @@ def _normal(key: int, shape, dtype=BF16, scale: float = 1.0):
     return (scale * jax.random.normal(jax.random.key(key), shape, jnp.float32)).astype(dtype)
 
 
-def _lengths(z: Size) -> jax.Array:
-    """Per-sequence cache lengths: full, and others ending inside a block."""
-    return jnp.asarray([z.tokens - (i * 37) % (z.tokens // 2) for i in range(z.batch)], jnp.int32)
+def _lengths(z: Size) -> np.ndarray:
+    """Per-sequence cache lengths [b] int32: full, and others ending inside a block (numpy: also a constant
+    under `jax.eval_shape`)."""
+    return np.asarray([z.tokens - (i * 37) % (z.tokens // 2) for i in range(z.batch)], np.int32)
 
 
 def _kw(impl: str, interpret: bool) -> dict:
@@ -119,14 +123,15 @@ def _kw(impl: str, interpret: bool) -> dict:
 def _decode(z: Size, impl, interpret):
     q = _normal(0, (z.batch, z.heads, z.head_dim))
     k, v = (_normal(i, (z.batch, z.tokens, z.kv_heads, z.head_dim)) for i in (1, 2))
-    return (lambda q, k, v, n: decode_attention(q, k, v, n, **_kw(impl, interpret))), (q, k, v, _lengths(z))
+    f = lambda q, k, v, n: decode_attention(q, k, v, n, **_kw(impl, interpret))
+    return f, (q, k, v, jnp.asarray(_lengths(z)))
 
 
 @_case("ffd_decode", "ffd_decode")
 def _ffd(z: Size, impl, interpret):
     k, v = (_normal(i, (z.batch, z.tokens, z.kv_heads, z.head_dim)) for i in (3, 4))
     cache = jax.jit(ffd_ref.build_cache, static_argnames=("page_size", "residual_dtype"))(
-        k, v, _lengths(z), page_size=128, residual_dtype=BF16)
+        k, v, jnp.asarray(_lengths(z)), page_size=128, residual_dtype=BF16)
     q = _normal(5, (z.batch, z.heads, z.head_dim))
     return (lambda q, c: ffd_decode(q, c, delta=5.0, **_kw(impl, interpret))[:3]), (q, cache)  # out, lse, keep
 
@@ -196,7 +201,7 @@ def _kv_decode(z: Size, impl, interpret):
     kt = quantize(_kv_x(z, 12), **_K_FORMAT, implementation="xla")
     vt = quantize(_kv_x(z, 13), **_V_FORMAT, implementation="xla")
     f = lambda q, k, v, n: quantized_decode_attention(q, k, v, n, **_kw(impl, interpret))
-    return f, (_normal(14, (z.batch, z.heads, z.head_dim)), kt, vt, _lengths(z))
+    return f, (_normal(14, (z.batch, z.heads, z.head_dim)), kt, vt, jnp.asarray(_lengths(z)))
 
 
 @_case("qvg", "kmeans_assign")
@@ -217,7 +222,7 @@ def _qvg_attention(z: Size, impl, interpret):
     vt = quant(_normal(18, x.shape), jax.random.key(1), config=rq.QVG)
     f = lambda q, k, v, n: qvg_attention(q, k, v, n, **_kw(impl, interpret))
     q = _normal(19, (z.batch, 64 if z is FULL else 4, z.heads, z.head_dim))
-    return f, (q, kt, vt, jnp.minimum(_lengths(z), span))
+    return f, (q, kt, vt, jnp.asarray(np.minimum(_lengths(z), span)))
 
 
 def _vegas_kv(z: Size):
@@ -229,9 +234,9 @@ def _vegas_kv(z: Size):
 def _vegas_verify(z: Size, impl, interpret):
     t = 5
     q = _normal(22, (z.batch, t, z.heads, z.head_dim))
-    pos = _lengths(z)[:, None] - t + jnp.arange(t)[None]
+    pos = jnp.asarray(_lengths(z)[:, None] - t + np.arange(t)[None], jnp.int32)
     f = lambda q, k, v, p: verify_attention(q, k, v, p, rows=(0, t - 1), **_kw(impl, interpret))
-    return f, (q, *_vegas_kv(z), pos.astype(jnp.int32))
+    return f, (q, *_vegas_kv(z), pos)
 
 
 @_case("vegas", "sparse_decode")
@@ -241,11 +246,11 @@ def _vegas_sparse(z: Size, impl, interpret):
     n = _lengths(z)
     idx = np.stack([rng.permutation(int(m))[:n_idx] for m in np.asarray(n)]).astype(np.int32)
     valid = rng.random(idx.shape) > 0.2
-    start = jnp.maximum(n - 64, 0)
+    start = np.maximum(n - 64, 0)
     f = lambda q, k, v, i, ok, rs, ln: sparse_decode_attention(q, k, v, i, ok, rs, ln, max_recent=64,
                                                                return_lse=True, **_kw(impl, interpret))
     q = _normal(23, (z.batch, z.heads, z.head_dim))
-    return f, (q, *_vegas_kv(z), jnp.asarray(idx), jnp.asarray(valid), start.astype(jnp.int32), n)
+    return f, (q, *_vegas_kv(z), jnp.asarray(idx), jnp.asarray(valid), jnp.asarray(start), jnp.asarray(n))
 
 
 @_case("wkv", "bi_wkv_forward_backward")
@@ -386,6 +391,52 @@ def decode_rows(z: Size, impl: str, interpret: bool, repeats: int, copy_bytes_pe
     return rows
 
 
+def lower_full(platform: str = "cuda") -> dict[str, str]:
+    """Lowers every program the GPU run compiles, at its full shapes, for `platform`, on any machine.
+
+    The cases (``FULL``), the FFD kernel at the longest FFD length and the decode kernel at the longest
+    roofline length in both axis orders. Arguments are abstract (`jax.eval_shape`), so nothing is
+    allocated. Catches Triton's rules (power-of-two blocks, no scratch) at production shapes before a
+    GPU is spent. Returns ``{program: "ok" or the error}``.
+    """
+    from pallas_kernels import _backend
+
+    def case_program(case: Case):
+        built = {}
+
+        def args():  # concrete inside eval_shape: nothing is allocated
+            built["fn"], a = case.build(FULL, "pallas_triton", False)
+            return a
+
+        abstract = jax.eval_shape(args)
+        return built["fn"], abstract
+
+    sd = jax.ShapeDtypeStruct
+    kw = {"implementation": "pallas_triton", "interpret": False}
+    programs = {f"{c.kernel}.{c.name}": functools.partial(case_program, c) for c in CASES}
+    s = max(FULL.ffd_tokens)
+    programs[f"ffd_rows.ffd_decode_{s}"] = lambda: (
+        lambda q, c: ffd_decode(q, c, delta=5.0, **kw),
+        (sd((1, 32, 128), BF16), jax.eval_shape(
+            lambda k, v, n: ffd_ref.build_cache(k, v, n, page_size=128, residual_dtype=BF16),
+            sd((1, s, 8, 128), BF16), sd((1, s, 8, 128), BF16), sd((1,), jnp.int32))))
+    s = max(FULL.decode_tokens)
+    for layout, kv in (("bskd", sd((1, s, 8, 128), BF16)), ("bksd", sd((1, 8, s, 128), BF16))):
+        programs[f"decode_rows.decode_{s}_{layout}"] = lambda lay=layout, kv=kv: (
+            lambda q, k, v, n: decode_attention(q, k, v, n, kv_layout=lay, **kw),
+            (sd((1, 32, 128), BF16), kv, kv, sd((1,), jnp.int32)))
+    out = {}
+    for name, make in programs.items():
+        try:
+            fn, args = make()
+            with _backend.compiling_for("gpu"):
+                text = _backend.lower_for(fn, *args, platform=platform)
+            out[name] = "ok" if "triton" in text.lower() else "lowered without a Triton call"
+        except Exception as e:
+            out[name] = f"{type(e).__name__}: {e}"[:2000]
+    return out
+
+
 def run(*, dry_run: bool = False, repeats: int | None = None, budget_s: float = 420.0,
         only: tuple[str, ...] | None = None, log=print) -> dict:
     """Runs the check (see the module docstring) and returns its record.
@@ -469,12 +520,19 @@ def default_out(device_kind: str) -> pathlib.Path:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes, interpreted kernels (any machine)")
+    parser.add_argument("--lower-only", action="store_true",
+                        help="only lower every full-size program for Triton (any machine, seconds)")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip what is left after this many seconds")
     parser.add_argument("--only", default=None, help="comma list of case ids (kernel.name), 'ffd', 'decode'")
     parser.add_argument("--out", default=None, help="JSON path (default results/bench/gpu_<card>.json; "
                                                     "a dry run writes only when given)")
     args = parser.parse_args(argv)
+    if args.lower_only:
+        res = lower_full()
+        for name, status in res.items():
+            print(f"  {name:<42} {status}")
+        return {"lowered": res}
     if not args.dry_run and jax.default_backend() != "gpu":
         parser.error(f"no GPU here (backend {jax.default_backend()!r}); use --dry-run to test the script")
     rec = run(dry_run=args.dry_run, repeats=args.repeats, budget_s=args.budget_s,

@@ -37,6 +37,13 @@ def test_dry_run_checks_every_case_and_measures_each_step(dry_run):
     json.dumps(dry_run)  # the record is plain JSON
 
 
+def test_every_full_size_program_lowers_for_triton():
+    """Triton's rules at the GPU run's own shapes (abstract arguments, nothing allocated)."""
+    lowered = device_check.lower_full()
+    assert len(lowered) == len(device_check.CASES) + 3
+    assert {k: v for k, v in lowered.items() if v != "ok"} == {}
+
+
 def test_a_failing_case_is_recorded_and_the_run_goes_on():
     def broken(z, impl, interpret):
         raise RuntimeError("triton says no")
