@@ -86,8 +86,9 @@ TINY = Size(batch=2, heads=8, kv_heads=2, head_dim=128, tokens=512, seq=64, gmm=
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One kernel entry point: ``build(size, impl, interpret) -> (fn, args)``, called for the kernel and the
-    reference (``impl="xla"``) on the same ``args``."""
+    """One kernel entry point: ``build(size) -> (fn, args)`` with ``fn(kw, *args)``, where ``kw`` holds the
+    ``implementation`` (and ``interpret``) keywords of the kernel call: the kernel and its XLA reference
+    run the same ``fn`` on the same ``args``."""
 
     kernel: str  # the pallas_kernels sub-package
     name: str
@@ -120,20 +121,20 @@ def _kw(impl: str, interpret: bool) -> dict:
 
 
 @_case("decode_attention", "decode")
-def _decode(z: Size, impl, interpret):
+def _decode(z: Size):
     q = _normal(0, (z.batch, z.heads, z.head_dim))
     k, v = (_normal(i, (z.batch, z.tokens, z.kv_heads, z.head_dim)) for i in (1, 2))
-    f = lambda q, k, v, n: decode_attention(q, k, v, n, **_kw(impl, interpret))
+    f = lambda kw, q, k, v, n: decode_attention(q, k, v, n, **kw)
     return f, (q, k, v, jnp.asarray(_lengths(z)))
 
 
 @_case("ffd_decode", "ffd_decode")
-def _ffd(z: Size, impl, interpret):
+def _ffd(z: Size):
     k, v = (_normal(i, (z.batch, z.tokens, z.kv_heads, z.head_dim)) for i in (3, 4))
     cache = jax.jit(ffd_ref.build_cache, static_argnames=("page_size", "residual_dtype"))(
         k, v, jnp.asarray(_lengths(z)), page_size=128, residual_dtype=BF16)
     q = _normal(5, (z.batch, z.heads, z.head_dim))
-    return (lambda q, c: ffd_decode(q, c, delta=5.0, **_kw(impl, interpret))[:3]), (q, cache)  # out, lse, keep
+    return (lambda kw, q, c: ffd_decode(q, c, delta=5.0, **kw)[:3]), (q, cache)  # out, lse, keep
 
 
 def _flash_args(z: Size):
@@ -142,14 +143,14 @@ def _flash_args(z: Size):
 
 
 @_case("flash_attention", "forward_causal")
-def _flash(z: Size, impl, interpret):
-    return (lambda q, k, v: flash_attention(q, k, v, causal=True, **_kw(impl, interpret))), _flash_args(z)
+def _flash(z: Size):
+    return (lambda kw, q, k, v: flash_attention(q, k, v, causal=True, **kw)), _flash_args(z)
 
 
 @_case("flash_attention", "forward_backward_causal")
-def _flash_grad(z: Size, impl, interpret):
-    def f(q, k, v):
-        loss = lambda *a: flash_attention(*a, causal=True, **_kw(impl, interpret)).astype(jnp.float32).sum()
+def _flash_grad(z: Size):
+    def f(kw, q, k, v):
+        loss = lambda *a: flash_attention(*a, causal=True, **kw).astype(jnp.float32).sum()
         return jax.value_and_grad(loss, (0, 1, 2))(q, k, v)
 
     return f, _flash_args(z)
@@ -164,14 +165,14 @@ def _gmm_args(z: Size):
 
 
 @_case("grouped_matmul", "forward")
-def _gmm(z: Size, impl, interpret):
-    return (lambda x, w, g: grouped_matmul(x, w, g, **_kw(impl, interpret))), _gmm_args(z)
+def _gmm(z: Size):
+    return (lambda kw, x, w, g: grouped_matmul(x, w, g, **kw)), _gmm_args(z)
 
 
 @_case("grouped_matmul", "forward_backward")
-def _gmm_grad(z: Size, impl, interpret):
-    def f(x, w, g):  # d_lhs (gmm on rhs^T) and d_rhs (tgmm)
-        loss = lambda a, b: grouped_matmul(a, b, g, **_kw(impl, interpret)).astype(jnp.float32).sum()
+def _gmm_grad(z: Size):
+    def f(kw, x, w, g):  # d_lhs (gmm on rhs^T) and d_rhs (tgmm)
+        loss = lambda a, b: grouped_matmul(a, b, g, **kw).astype(jnp.float32).sum()
         return jax.value_and_grad(loss, (0, 1))(x, w)
 
     return f, _gmm_args(z)
@@ -186,33 +187,33 @@ _V_FORMAT = {"bits": 2, "group_size": 128, "scheme": "asymmetric", "scale_dtype"
 
 
 @_case("kv_quant", "quantize")
-def _kv_quantize(z: Size, impl, interpret):
-    return (lambda x: quantize(x, **_K_FORMAT, **_kw(impl, interpret))), (_kv_x(z),)
+def _kv_quantize(z: Size):
+    return (lambda kw, x: quantize(x, **_K_FORMAT, **kw)), (_kv_x(z),)
 
 
 @_case("kv_quant", "dequantize")
-def _kv_dequantize(z: Size, impl, interpret):
+def _kv_dequantize(z: Size):
     vt = quantize(_kv_x(z), **_V_FORMAT, implementation="xla")
-    return (lambda t: dequantize(t, **_kw(impl, interpret))), (vt,)
+    return (lambda kw, t: dequantize(t, **kw)), (vt,)
 
 
 @_case("kv_quant", "quantized_decode")
-def _kv_decode(z: Size, impl, interpret):
+def _kv_decode(z: Size):
     kt = quantize(_kv_x(z, 12), **_K_FORMAT, implementation="xla")
     vt = quantize(_kv_x(z, 13), **_V_FORMAT, implementation="xla")
-    f = lambda q, k, v, n: quantized_decode_attention(q, k, v, n, **_kw(impl, interpret))
+    f = lambda kw, q, k, v, n: quantized_decode_attention(q, k, v, n, **kw)
     return f, (_normal(14, (z.batch, z.heads, z.head_dim)), kt, vt, jnp.asarray(_lengths(z)))
 
 
 @_case("qvg", "kmeans_assign")
-def _qvg_assign(z: Size, impl, interpret):
+def _qvg_assign(z: Size):
     g, s, c, d = z.assign
     x, cent = _normal(15, (g, s, d), jnp.float32), _normal(16, (g, c, d), jnp.float32)
-    return (lambda x, c: kmeans_assign(x, c, **_kw(impl, interpret))), (x, cent)
+    return (lambda kw, x, c: kmeans_assign(x, c, **kw)), (x, cent)
 
 
 @_case("qvg", "qvg_attention")
-def _qvg_attention(z: Size, impl, interpret):
+def _qvg_attention(z: Size):
     span = z.tokens // 4
     x = _normal(17, (z.batch, z.kv_heads, span, z.head_dim))
     quant = jax.jit(rq.qvg_quantize, static_argnames="config")
@@ -220,7 +221,7 @@ def _qvg_attention(z: Size, impl, interpret):
     # load (the cross-lowering contract says the same).
     kt = quant(x, jax.random.key(0), config=rq.QVG)
     vt = quant(_normal(18, x.shape), jax.random.key(1), config=rq.QVG)
-    f = lambda q, k, v, n: qvg_attention(q, k, v, n, **_kw(impl, interpret))
+    f = lambda kw, q, k, v, n: qvg_attention(q, k, v, n, **kw)
     q = _normal(19, (z.batch, 64 if z is FULL else 4, z.heads, z.head_dim))
     return f, (q, kt, vt, jnp.asarray(np.minimum(_lengths(z), span)))
 
@@ -231,34 +232,34 @@ def _vegas_kv(z: Size):
 
 
 @_case("vegas", "verify")
-def _vegas_verify(z: Size, impl, interpret):
+def _vegas_verify(z: Size):
     t = 5
     q = _normal(22, (z.batch, t, z.heads, z.head_dim))
     pos = jnp.asarray(_lengths(z)[:, None] - t + np.arange(t)[None], jnp.int32)
-    f = lambda q, k, v, p: verify_attention(q, k, v, p, rows=(0, t - 1), **_kw(impl, interpret))
+    f = lambda kw, q, k, v, p: verify_attention(q, k, v, p, rows=(0, t - 1), **kw)
     return f, (q, *_vegas_kv(z), pos)
 
 
 @_case("vegas", "sparse_decode")
-def _vegas_sparse(z: Size, impl, interpret):
+def _vegas_sparse(z: Size):
     rng = np.random.default_rng(1)
     n_idx = max(z.tokens // 16, 8)
     n = _lengths(z)
     idx = np.stack([rng.permutation(int(m))[:n_idx] for m in np.asarray(n)]).astype(np.int32)
     valid = rng.random(idx.shape) > 0.2
     start = np.maximum(n - 64, 0)
-    f = lambda q, k, v, i, ok, rs, ln: sparse_decode_attention(q, k, v, i, ok, rs, ln, max_recent=64,
-                                                               return_lse=True, **_kw(impl, interpret))
+    f = lambda kw, q, k, v, i, ok, rs, ln: sparse_decode_attention(q, k, v, i, ok, rs, ln, max_recent=64,
+                                                                   return_lse=True, **kw)
     q = _normal(23, (z.batch, z.heads, z.head_dim))
     return f, (q, *_vegas_kv(z), jnp.asarray(idx), jnp.asarray(valid), jnp.asarray(start), jnp.asarray(n))
 
 
 @_case("wkv", "bi_wkv_forward_backward")
-def _wkv(z: Size, impl, interpret):
+def _wkv(z: Size):
     c = 768 if z is FULL else 32
 
-    def f(w, u, k, v):
-        loss = lambda kk: bi_wkv(w, u, kk, v, **_kw(impl, interpret)).astype(jnp.float32).sum()
+    def f(kw, w, u, k, v):
+        loss = lambda kk: bi_wkv(w, u, kk, v, **kw).astype(jnp.float32).sum()
         return jax.value_and_grad(loss)(k)
 
     return f, (_normal(24, (c,), jnp.float32), _normal(25, (c,), jnp.float32),
@@ -322,9 +323,9 @@ def check_case(case: Case, z: Size, impl: str, interpret: bool, repeats: int) ->
     """Compile and run one case and its XLA reference on the same inputs: error, pass/fail, times."""
     row = {"case": f"{case.kernel}.{case.name}"}
     try:
-        fn, args = case.build(z, impl, interpret)
-        ref, _ = case.build(z, "xla", False)
-        kernel, reference = jax.jit(fn), jax.jit(ref)
+        fn, args = case.build(z)
+        kernel = jax.jit(functools.partial(fn, _kw(impl, interpret)))
+        reference = jax.jit(functools.partial(fn, _kw("xla", False)))
         t0 = time.perf_counter()
         got = jax.block_until_ready(kernel(*args))
         row["compile_and_first_run_s"] = time.perf_counter() - t0
@@ -401,18 +402,19 @@ def lower_full(platform: str = "cuda") -> dict[str, str]:
     """
     from pallas_kernels import _backend
 
+    kw = _kw("pallas_triton", False)
+
     def case_program(case: Case):
         built = {}
 
         def args():  # concrete inside eval_shape: nothing is allocated
-            built["fn"], a = case.build(FULL, "pallas_triton", False)
+            built["fn"], a = case.build(FULL)
             return a
 
         abstract = jax.eval_shape(args)
-        return built["fn"], abstract
+        return functools.partial(built["fn"], kw), abstract
 
     sd = jax.ShapeDtypeStruct
-    kw = {"implementation": "pallas_triton", "interpret": False}
     programs = {f"{c.kernel}.{c.name}": functools.partial(case_program, c) for c in CASES}
     s = max(FULL.ffd_tokens)
     programs[f"ffd_rows.ffd_decode_{s}"] = lambda: (

@@ -45,7 +45,7 @@ def test_every_full_size_program_lowers_for_triton():
 
 
 def test_a_failing_case_is_recorded_and_the_run_goes_on():
-    def broken(z, impl, interpret):
+    def broken(z):
         raise RuntimeError("triton says no")
 
     row = device_check.check_case(device_check.Case("fake", "broken", broken), device_check.TINY, "pallas_triton",
