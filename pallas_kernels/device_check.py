@@ -53,6 +53,7 @@ from pallas_kernels.kv_quant import dequantize, quantize, quantized_decode_atten
 from pallas_kernels.qvg import kmeans_assign, qvg_attention
 from pallas_kernels.vegas import sparse_decode_attention, verify_attention
 from pallas_kernels.wkv import bi_wkv
+from primitives import attention as attn_ref
 from primitives import ffd as ffd_ref
 from primitives import residual_quantization as rq
 
@@ -367,8 +368,6 @@ def ffd_rows(z: Size, impl: str, interpret: bool, repeats: int, delta: float = 5
 def decode_rows(z: Size, impl: str, interpret: bool, repeats: int, copy_bytes_per_s: float,
                 shapes=((32, 8, 128), (16, 2, 128))) -> list[dict]:
     """Dense decode (batch 1, bf16 cache): the kernel and XLA's decode, per length, GQA shape and axis order."""
-    from primitives import attention as attn_ref
-
     rows = []
     for h, kh, d in shapes:
         for tokens in z.decode_tokens:
