@@ -341,11 +341,13 @@ def check_case(case: Case, z: Size, impl: str, interpret: bool, repeats: int) ->
 
 
 def ffd_rows(z: Size, impl: str, interpret: bool, repeats: int, delta: float = 5.0) -> list[dict]:
-    """FFD's kernel against our dense decode kernel on synthetic sink-and-needle heads, per cache length."""
+    """FFD's kernel against our dense decode kernel on synthetic sink-and-needle heads, per cache length
+    (one sequence, the size's heads: 32 query over 8 KV heads of 128 at full size)."""
     rows = []
     for tokens in z.ffd_tokens:
-        pr = ffd_ref.synthetic_problem(jax.random.key(0), batch=1, tokens=tokens, kv_heads=8, group=4, head_dim=128,
-                                       page_size=128, needles=4, needle_gap=10.0, sink_gap=12.0)
+        pr = ffd_ref.synthetic_problem(jax.random.key(0), batch=1, tokens=tokens, kv_heads=z.kv_heads,
+                                       group=z.heads // z.kv_heads, head_dim=z.head_dim, page_size=128, needles=4,
+                                       needle_gap=10.0, sink_gap=12.0)
         q, k, v = (x.astype(BF16) for x in (pr.q, pr.keys, pr.values))
         cache = jax.jit(ffd_ref.build_cache, static_argnames=("page_size", "residual_dtype"))(
             k, v, pr.lengths, page_size=128, residual_dtype=BF16)
@@ -478,7 +480,7 @@ def run(*, dry_run: bool = False, repeats: int | None = None, budget_s: float = 
                                       f"{row['kernel_ms']:.3f} ms, xla {row['xla_ms']:.3f} ms")
         log(f"  {status} {cid:<42} {detail}")
     rec["step_errors"] = {}
-    shapes = ((32, 8, 128), (16, 2, 128)) if not dry_run else ((32, 8, 128),)
+    shapes = ((32, 8, 128), (16, 2, 128)) if not dry_run else ((z.heads, z.kv_heads, z.head_dim),)
     steps = (("ffd", lambda: ffd_rows(z, impl, interpret, repeats), _FFD_LINE),
              ("decode", lambda: decode_rows(z, impl, interpret, repeats, rec["ceilings"]["copy_bytes_per_s"],
                                             shapes), _DECODE_LINE))
