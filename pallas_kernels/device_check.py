@@ -298,10 +298,12 @@ def compare(got, want) -> dict:
     Float leaves: ``max |got - want| / max |want|`` over entries finite in both (non-finite entries must
     agree). Integer and boolean leaves: the fraction of entries that differ.
     """
+    def host(x):  # floats as float32 (numpy has no bfloat16 arithmetic of its own)
+        return np.asarray(x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x)
+
     errs, mismatched_nonfinite = [], 0
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        g, w = np.asarray(jnp.asarray(g, jnp.float32) if jnp.issubdtype(g.dtype, jnp.floating) else g), np.asarray(
-            jnp.asarray(w, jnp.float32) if jnp.issubdtype(w.dtype, jnp.floating) else w)
+        g, w = host(g), host(w)
         if g.shape != w.shape:
             raise ValueError(f"output shapes differ: kernel {g.shape}, reference {w.shape}")
         if np.issubdtype(w.dtype, np.floating):
