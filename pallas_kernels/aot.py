@@ -279,13 +279,23 @@ def compile_case(case: Case, topology: str) -> dict:
 
 @contextlib.contextmanager
 def without_compilation_cache():
-    """The persistent compilation cache off inside: a TPU executable compiled here cannot be loaded back."""
+    """The persistent compilation cache off inside: a TPU executable compiled here cannot be loaded back.
+
+    JAX decides once per process whether the cache is used, so the flag alone does not turn it off
+    after a first compile: ``reset_cache`` makes it decide again, on entry and on exit. (With the flag
+    alone, a TPU executable was written to the cache and a later compile of it warned that it could not
+    read it back.)
+    """
+    from jax.experimental.compilation_cache import compilation_cache
+
     cache_on = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
     try:
         yield
     finally:
         jax.config.update("jax_enable_compilation_cache", cache_on)
+        compilation_cache.reset_cache()
 
 
 def compiler_verdict(msg: str) -> str:
