@@ -579,13 +579,20 @@ def main(argv=None, *, sections: dict | None = None, extra_arguments=None, descr
     backend = jax.default_backend()
     print(f"backend {backend} ({jax.devices()[0].device_kind}), jax {jax.__version__}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
+    today = time.strftime("%Y-%m-%d")
     result = {"backend": backend, "device": jax.devices()[0].device_kind, "jax": jax.__version__,
-              "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}
+              "cpus": os.cpu_count(), "date": today}
     if only and args.out and pathlib.Path(args.out).exists():
         result = {**json.loads(pathlib.Path(args.out).read_text()), **result}
+    # "date" is the last write; a merged file's sections were measured on different days, so each
+    # result key also records its own under "dates".
+    dates = dict(result.get("dates", {}))
     for name, run in sections.items():
         if only is None or name in only:
-            result.update(run(args))
+            rows = run(args)
+            result.update(rows)
+            dates.update(dict.fromkeys(rows, today))
+    result["dates"] = dates
     if backend == "gpu":  # the compiled kernels: the device check (`python -m pallas_kernels.device_check` alone)
         result["gpu"] = device_check.run(repeats=args.repeats)
     if args.out:

@@ -30,3 +30,18 @@ def test_cli_rejects_unknown_sections(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--only", "decode,nope"])
     assert "unknown sections ['nope']" in capsys.readouterr().err
+
+
+def test_merged_output_dates_each_section(tmp_path):
+    """--only with --out merges into the file; every result key keeps the date it was measured."""
+    import json
+    import time
+
+    out = tmp_path / "bench.json"
+    out.write_text(json.dumps({"old": [1], "dates": {"old": "2020-01-01"}, "date": "2020-01-01"}))
+    sections = {"a": lambda args: {"a": [2], "a_extra": 3}, "b": lambda args: {"b": [4]}}
+    res = kernel_bench.main(["--only", "a", "--out", str(out)], sections=sections)
+    saved = json.loads(out.read_text())
+    assert saved == res and saved["old"] == [1] and saved["a"] == [2] and "b" not in saved
+    today = time.strftime("%Y-%m-%d")
+    assert saved["dates"] == {"old": "2020-01-01", "a": today, "a_extra": today} and saved["date"] == today
