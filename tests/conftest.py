@@ -27,10 +27,10 @@ if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
 _FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_experimental_ynn_fusion_type=",
                        "--xla_cpu_parallel_codegen_split_count=1")
 try:
-    from importlib.metadata import version as _version
+    from importlib.metadata import PackageNotFoundError, version
 
-    _JAXLIB = _version("jaxlib")
-except Exception:  # noqa: BLE001 -- no metadata: leave the flags out
+    _JAXLIB = version("jaxlib")
+except PackageNotFoundError:  # no metadata: leave the flags out
     _JAXLIB = ""
 if _JAXLIB.startswith("0.10."):
     for _flag in _FAST_COMPILE_FLAGS:
