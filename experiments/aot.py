@@ -18,6 +18,17 @@ optimizer, loss and batch as a `TrainStep` (a decoder LM from its `TransformerCo
 other model from the ``model_fn``, ``loss_fn`` and batch its run passes to `training.fit`). For
 SFT-then-RL experiments it is the supervised step. Measured results: ``results/aot/train_steps.json``
 (``--json``).
+
+``--decode CONTEXT`` compiles a decoder LM target's one-token decode step instead (`compile_decode_step`:
+one chip, a KV cache of CONTEXT tokens per sequence, the cache donated), in the KV-cache axis order of
+``--kv-layout`` and the decode attention of ``--decode-attention``. It reports whether the cache is
+updated in place and whether the program materialises a copy of a cache buffer (a per-step relayout),
+for each axis order, without a TPU (issue 34)::
+
+    python -m experiments aot lm_1b --decode 32768 --batch 4 --kv-layout bksd --topology v5e:2x2
+    python -m experiments aot lm_1b --decode 32768 --batch 4 --kv-layout bskd --decode-attention kernel
+
+Measured results: ``results/aot/decode_steps.json``.
 """
 
 from __future__ import annotations
@@ -35,9 +46,10 @@ import optax
 from flax import nnx
 
 from algorithms import training
-from models.transformer import PREFILL_ATTENTION, REMAT, Transformer, TransformerConfig
+from models.kv_cache import KV_LAYOUTS
+from models.transformer import DECODE_ATTENTION, PREFILL_ATTENTION, REMAT, Transformer, TransformerConfig
 
-__all__ = ["TrainStep", "HBM_GIB", "lm_1b", "compile_train_step", "targets", "main"]
+__all__ = ["TrainStep", "HBM_GIB", "lm_1b", "compile_train_step", "compile_decode_step", "targets", "main"]
 
 # HBM per chip, GiB (public spec sheets). XLA reserves a little of it: the compiler's own limit is the
 # final word (a step over it fails to compile with its message).
@@ -190,6 +202,78 @@ def compile_train_step(step: TrainStep, *, topology: str, mesh: training.MeshCon
     return row
 
 
+def compile_decode_step(model: TransformerConfig, *, topology: str, batch_size: int, context: int) -> dict[str, Any]:
+    """Compiles one decode step of a decoder LM (one new token per sequence) for one chip of `topology`.
+
+    The step is what `algorithms.decoding.generate` runs per token: the model on ``[batch_size, 1]``
+    tokens with a KV cache of `context` tokens per sequence, in `model`'s KV-cache axis order
+    (``model.attention.kv_layout``; None resolves on this machine's backend, "bksd" without an
+    accelerator) and decode attention (``model.attention.decode``). The cache is donated, as in
+    `generate`'s loop, so a cache updated in place shows as aliased bytes. Parameters stay float32
+    (the model casts them per step).
+
+    Returns:
+      a dict: ok, error, kv_layout, decode, batch_size, context, params, compile_s, per-chip bytes
+      (argument, output, alias, temp, code), cache_bytes (all layers' keys and values),
+      ``in_place`` (the whole cache is aliased: the write of the new token copies nothing) and
+      ``cache_copy`` (the temporaries could hold a layer's key buffer: a materialised relayout or
+      copy of the cache per step), and the compiler cost model's ``bytes_accessed``.
+
+    Raises:
+      RuntimeError: libtpu is not installed. ValueError: `model` is not a decoder LM config, or
+      `batch_size` / `context` is not positive.
+    """
+    from pallas_kernels import _backend
+    from pallas_kernels import aot as kernel_aot
+
+    if not isinstance(model, TransformerConfig):
+        raise ValueError(f"a decode step needs a decoder LM (TransformerConfig); got {type(model).__name__}")
+    for name, value in (("batch_size", batch_size), ("context", context)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1; got {value}")
+    if model.scan_layers:  # the per-layer cache tuple is read by the unrolled blocks
+        model = dataclasses.replace(model, scan_layers=False)
+    layout = model.attention.resolved_kv_layout
+    sharding = jax.sharding.SingleDeviceSharding(kernel_aot.tpu_devices(topology)[0])
+
+    def on_chip(tree):
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
+
+    row: dict[str, Any] = {"topology": topology, "kv_layout": layout, "decode": model.attention.decode,
+                           "batch_size": batch_size, "context": context}
+    with kernel_aot.without_compilation_cache(), _backend.compiling_for("tpu"):
+        abstract = nnx.eval_shape(lambda: Transformer(model, rngs=nnx.Rngs(0)))
+        graphdef, state = nnx.split(abstract)
+        cache = on_chip(jax.eval_shape(lambda: abstract.init_cache(batch_size, context)))
+        tokens = jax.ShapeDtypeStruct((batch_size, 1), jnp.int32, sharding=sharding)
+
+        def step(state, tokens, cache):
+            out = nnx.merge(graphdef, state)(tokens, cache=cache)
+            return out.logits, out.cache
+
+        t0 = time.perf_counter()
+        try:
+            compiled = jax.jit(step, donate_argnums=2).trace(on_chip(state), tokens, cache).lower().compile()
+        except Exception as e:  # the compiler's refusal is the result
+            row.update(ok=False, compile_s=time.perf_counter() - t0, error=kernel_aot.compiler_verdict(str(e)))
+            return row
+        row["compile_s"] = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    sizes = {"argument": mem.argument_size_in_bytes, "output": mem.output_size_in_bytes,
+             "alias": mem.alias_size_in_bytes, "temp": mem.temp_size_in_bytes,
+             "code": mem.generated_code_size_in_bytes}
+    buffers = cache.keys + cache.values
+    cache_bytes = sum(b.size * b.dtype.itemsize for b in buffers)
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    row.update(ok=True, error=None, params=sum(int(x.size) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))),
+               bytes={k: int(v) for k, v in sizes.items()}, cache_bytes=int(cache_bytes),
+               in_place=sizes["alias"] >= cache_bytes,
+               cache_copy=sizes["temp"] >= buffers[0].size * buffers[0].dtype.itemsize,
+               bytes_accessed=float((cost or {}).get("bytes accessed", float("nan"))))
+    return row
+
+
 def _suggest(step: TrainStep, mesh: training.MeshConfig, chips: int) -> str:
     """What to try when a step does not fit: shard fully, then rematerialise, then fewer sequences per chip."""
     if (mesh.data, mesh.fsdp, mesh.tensor) not in ((1, chips, 1), (1, -1, 1)):
@@ -228,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=None,
                    help="override whether the blocks are scanned (stacked parameters)")
     p.add_argument("--prefill", choices=PREFILL_ATTENTION, default=None, help="training attention: dense or flash")
+    p.add_argument("--decode", type=int, default=None, metavar="CONTEXT",
+                   help="compile the LM's one-token decode step over a cache of CONTEXT tokens (one chip) instead")
+    p.add_argument("--kv-layout", choices=KV_LAYOUTS, default="bskd", help="with --decode: the cache's axis order")
+    p.add_argument("--decode-attention", choices=DECODE_ATTENTION, default="dense",
+                   help="with --decode: the decode attention")
     p.add_argument("--json", type=pathlib.Path, default=None, help="append the result row to this JSON file")
     a = p.parse_args(argv)
     if a.list or a.target is None:
@@ -248,21 +337,29 @@ def main(argv: list[str] | None = None) -> int:
         if a.prefill is not None:
             model = dataclasses.replace(model, attention=dataclasses.replace(model.attention, prefill=a.prefill))
         step = dataclasses.replace(step, model=model)
-        mesh = training.MeshConfig(data=1, fsdp=-1, tensor=1) if a.mesh is None else \
-            training.MeshConfig(data=a.mesh[0], fsdp=a.mesh[1], tensor=a.mesh[2])
-        row = compile_train_step(step, topology=a.topology, mesh=mesh)
+        if a.decode is not None:
+            if not step.is_lm:
+                raise ValueError(f"--decode applies to decoder LM targets; {a.target}'s model is a "
+                                 f"{type(model).__name__}")
+            attention = dataclasses.replace(model.attention, kv_layout=a.kv_layout, decode=a.decode_attention)
+            row = compile_decode_step(dataclasses.replace(model, attention=attention), topology=a.topology,
+                                      batch_size=step.batch_size, context=a.decode)
+        else:
+            mesh = training.MeshConfig(data=1, fsdp=-1, tensor=1) if a.mesh is None else \
+                training.MeshConfig(data=a.mesh[0], fsdp=a.mesh[1], tensor=a.mesh[2])
+            row = compile_train_step(step, topology=a.topology, mesh=mesh)
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}")
         return 2
     row = {"target": a.target, "preset": a.preset if a.target != "lm_1b" else None, **row}
-    print(_describe(row))
+    print(_describe_decode(row) if a.decode is not None else _describe(row))
     if a.json:
         rows = json.loads(a.json.read_text())["rows"] if a.json.exists() else []
         meta = {"jax": jax.__version__, "libtpu": _libtpu_version(), "note": "per-chip bytes from memory_analysis() "
                 "of the step compiled for the slice's device descriptions on a CPU-only machine"}
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({**meta, "rows": rows + [row]}, indent=1) + "\n")
-    return 0 if row["ok"] and row["fits"] else 1
+    return 0 if row["ok"] and row.get("fits", True) else 1
 
 
 def _count(n: int) -> str:
@@ -296,6 +393,18 @@ def _describe(r: Mapping[str, Any]) -> str:
             f"outputs not aliased {_size(b['output'] - b['alias'])}, code {_size(b['code'])}): "
             f"{'fits' if r['fits'] else 'does NOT fit'}")
     return line + ("" if r["fits"] else f"\n  suggestion: {r['suggestion']}")
+
+
+def _describe_decode(r: Mapping[str, Any]) -> str:
+    head = (f"{r['target']} decode step on one {r['topology'].split(':')[0]} chip: batch {r['batch_size']} x "
+            f"{r['context']} cached tokens, kv_layout={r['kv_layout']}, decode={r['decode']}")
+    if not r["ok"]:
+        return f"{head}\n  does not compile ({r['compile_s']:.1f} s): {r['error']}"
+    b = r["bytes"]
+    return (f"{head}\n  compiled in {r['compile_s']:.1f} s; cache {_size(r['cache_bytes'])}, "
+            f"{'updated in place' if r['in_place'] else 'NOT updated in place'} (aliased {_size(b['alias'])}); "
+            f"temporaries {_size(b['temp'])}: {'a cache buffer is copied per step' if r['cache_copy'] else 'no cache copy'}; "
+            f"cost model {r['bytes_accessed'] / 1e9:.2f} GB accessed")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ strided head axis of "bskd" runs about 6x slower than over "bksd" at 64k tokens
 (`python -m pallas_kernels.bench --only decode` measures both in one run), so
 the decoder LM's default is "bksd" on CPU. On GPU and TPU the default stays
 "bskd", the order the Pallas kernels were tuned on (both orders are supported
-by every kernel; no accelerator measurement has chosen between them yet).
+by every kernel; no accelerator measurement has chosen between them yet; compiled
+for TPU, the decode step writes and reads either order without copying a cache
+buffer: `python -m experiments aot lm_1b --decode 32768`).
 
 The cache is a plain NamedTuple, so it passes through `jax.jit`,
 `lax.while_loop` and `lax.scan` carries unchanged. One mechanism covers the

@@ -119,3 +119,68 @@ def test_a_non_lm_step_compiles_for_v5e_and_lm_flags_are_refused_for_it(capsys, 
     monkeypatch.setattr(aot, "_target_step", lambda *a: step)
     assert cli.main(["aot", "clf", "--topology", "v5e:2x2", "--remat", "none"]) == 2
     assert "--remat applies to decoder LM targets; clf's model is a dict" in capsys.readouterr().out
+
+
+# A decode step whose cache is a quarter of a GiB per layer, so a copy of a layer's keys cannot hide in VMEM.
+_DECODE_CONTEXT = 262_144
+
+
+def _decode_lm(decode: str, layout: str):
+    from models.transformer import AttentionConfig, TransformerConfig
+
+    return TransformerConfig(vocab_size=256, d_model=256, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=128,
+                             d_ff=512, dtype="bfloat16", attention=AttentionConfig(decode=decode, kv_layout=layout))
+
+
+@needs_libtpu
+@pytest.mark.parametrize("decode", ["dense", "kernel"])
+@pytest.mark.parametrize("layout", ["bskd", "bksd"])
+def test_the_decode_step_updates_its_cache_in_place_and_copies_no_cache_buffer_on_tpu(decode, layout):
+    from experiments import aot
+
+    row = aot.compile_decode_step(_decode_lm(decode, layout), topology="v5e:2x2", batch_size=2,
+                                  context=_DECODE_CONTEXT)
+    assert row["ok"], row["error"]
+    assert row["kv_layout"] == layout and row["decode"] == decode
+    assert row["cache_bytes"] == 2 * 2 * (2 * _DECODE_CONTEXT * 2 * 128 * 2)  # K and V, 2 layers, bf16
+    assert row["in_place"] and row["bytes"]["alias"] >= row["cache_bytes"]
+    assert not row["cache_copy"], row["bytes"]
+
+
+@needs_libtpu
+def test_a_transposed_cache_handed_to_the_decode_kernel_shows_in_the_temporaries():
+    """The premise of `cache_copy`: a materialised copy of a layer's keys is counted in temp bytes."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.decode_attention import decode_attention
+
+    sharding = jax.sharding.SingleDeviceSharding(kernel_aot.tpu_devices("v5e:2x2")[0])
+    kv = jax.ShapeDtypeStruct((2, 2, _DECODE_CONTEXT, 128), jnp.bfloat16, sharding=sharding)  # [b, k, s, d]
+    args = (jax.ShapeDtypeStruct((2, 4, 128), jnp.bfloat16, sharding=sharding), kv, kv,
+            jax.ShapeDtypeStruct((2,), jnp.int32, sharding=sharding))
+
+    def temp_bytes(fn):
+        with kernel_aot.without_compilation_cache():
+            return jax.jit(fn).trace(*args).lower().compile().memory_analysis().temp_size_in_bytes
+
+    kernel = dict(implementation="pallas_tpu", interpret=False)
+    native = temp_bytes(lambda q, k, v, n: decode_attention(q, k, v, n, kv_layout="bksd", **kernel))
+    copied = temp_bytes(lambda q, k, v, n: decode_attention(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), n,
+                                                            kv_layout="bskd", **kernel))
+    layer_keys = 2 * 2 * _DECODE_CONTEXT * 128 * 2
+    assert native < layer_keys <= copied
+
+
+@needs_libtpu
+def test_decode_flag_compiles_the_lm_decode_step_and_refuses_non_lm_targets(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "decode.json"
+    rc = cli.main(["aot", "lm_arithmetic", "--preset", "smoke", "--decode", "64", "--kv-layout", "bksd",
+                   "--topology", "v5e:2x2", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "kv_layout=bksd, decode=dense" in text and "updated in place" in text and "no cache copy" in text
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["ok"] and row["context"] == 64 and row["in_place"] and not row["cache_copy"]
+    assert cli.main(["aot", "toast", "--preset", "smoke", "--decode", "64"]) == 2
+    assert "--decode applies to decoder LM targets; toast's model is a" in capsys.readouterr().out
