@@ -56,6 +56,9 @@ __all__ = [
 
 IMPLEMENTATIONS = ("xla", "pallas", "pallas_tpu", "pallas_triton")
 _TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
+# The card a "cuda" lowering targets on a machine without a GPU (`lower_for`): the H100/H200 class
+# (compute capability 9.0) this project's GPU runs are lent.
+ABSTRACT_GPU = "NVIDIA H100"
 
 
 _TARGET: list[str] = []  # the innermost `compiling_for` platform, if any
@@ -187,8 +190,16 @@ def quiet_triton_deprecation():
 def lower_for(fn: Callable, *args, platform: str) -> str:
     """Lowers `jax.jit(fn)` for `platform` ("tpu" or "cuda") and returns the module text.
 
-    `args` may be `jax.ShapeDtypeStruct`s. Works on a CPU-only install.
+    `args` may be `jax.ShapeDtypeStruct`s. Works on a CPU-only install: without a GPU, a "cuda"
+    lowering targets an abstract `ABSTRACT_GPU` (JAX 0.11's Triton lowering reads the card's compute
+    capability and otherwise refuses with "No supported GPU devices found").
     """
-    with quiet_triton_deprecation():
+    target = contextlib.nullcontext()
+    if platform in ("cuda", "rocm") and jax.default_backend() != "gpu":
+        device = jax.sharding.AbstractDevice(device_kind=ABSTRACT_GPU, num_cores=None, platform="gpu")
+        mesh = jax.sharding.AbstractMesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Auto,),
+                                         abstract_device=device)  # Auto: no sharding in the types
+        target = jax.sharding.use_abstract_mesh(mesh)
+    with quiet_triton_deprecation(), target:
         lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,))
     return lowered.as_text()
