@@ -92,5 +92,8 @@ def speculative_accept(key: jax.Array, drafts: jax.Array, draft_probs: jax.Array
     residual = jnp.maximum(p_a - q_a, 0.0)
     mass = residual.sum()
     dist = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_a)  # p == q at a: any draw from p
-    y = jax.random.categorical(k_resample, jnp.log(jnp.maximum(dist, 1e-38)) + jnp.where(dist > 0, 0.0, -jnp.inf))
+    # log only where dist > 0: a subnormal floor (log(max(dist, 1e-38))) gave NaN for the zero entries under
+    # jit on jaxlib 0.11's CPU backend, and categorical then drew tokens of probability 0.
+    logits = jnp.where(dist > 0, jnp.log(jnp.where(dist > 0, dist, 1.0)), -jnp.inf)
+    y = jax.random.categorical(k_resample, logits)
     return a, y.astype(jnp.int32)
