@@ -147,6 +147,13 @@ def _global_batch(step: TrainStep, mesh: jax.sharding.Mesh) -> dict[str, jax.Sha
     return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for k, (shape, dtype) in step.batch_shapes().items()}
 
 
+def _memory(compiled) -> dict[str, int]:
+    """Per-chip bytes of a compiled program, by kind (its `memory_analysis()`)."""
+    mem = compiled.memory_analysis()
+    return {"argument": mem.argument_size_in_bytes, "output": mem.output_size_in_bytes,
+            "alias": mem.alias_size_in_bytes, "temp": mem.temp_size_in_bytes, "code": mem.generated_code_size_in_bytes}
+
+
 def compile_train_step(step: TrainStep, *, topology: str, mesh: training.MeshConfig) -> dict[str, Any]:
     """Compiles one `make_train_step` step of `step` for `topology` from abstract shapes.
 
@@ -189,10 +196,7 @@ def compile_train_step(step: TrainStep, *, topology: str, mesh: training.MeshCon
             row.update(fits=False, suggestion=_suggest(step, mesh, len(devices)))
             return row
         row["compile_s"] = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
-    sizes = {"argument": mem.argument_size_in_bytes, "output": mem.output_size_in_bytes,
-             "alias": mem.alias_size_in_bytes, "temp": mem.temp_size_in_bytes,
-             "code": mem.generated_code_size_in_bytes}
+    sizes = _memory(compiled)
     total = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"] + sizes["code"]
     hbm = HBM_GIB.get(topology.split(":")[0])
     fits = hbm is None or total <= hbm * 2**30
@@ -258,10 +262,7 @@ def compile_decode_step(model: TransformerConfig, *, topology: str, batch_size: 
             row.update(ok=False, compile_s=time.perf_counter() - t0, error=kernel_aot.compiler_verdict(str(e)))
             return row
         row["compile_s"] = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
-    sizes = {"argument": mem.argument_size_in_bytes, "output": mem.output_size_in_bytes,
-             "alias": mem.alias_size_in_bytes, "temp": mem.temp_size_in_bytes,
-             "code": mem.generated_code_size_in_bytes}
+    sizes = _memory(compiled)
     buffers = cache.keys + cache.values
     cache_bytes = sum(b.size * b.dtype.itemsize for b in buffers)
     cost = compiled.cost_analysis()
