@@ -238,18 +238,14 @@ def compile_decode_step(model: TransformerConfig, *, topology: str, batch_size: 
     if model.scan_layers:  # the per-layer cache tuple is read by the unrolled blocks
         model = dataclasses.replace(model, scan_layers=False)
     layout = model.attention.resolved_kv_layout
-    sharding = jax.sharding.SingleDeviceSharding(kernel_aot.tpu_devices(topology)[0])
-
-    def on_chip(tree):
-        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
-
+    chip = kernel_aot.tpu_devices(topology)[0]
     row: dict[str, Any] = {"topology": topology, "kv_layout": layout, "decode": model.attention.decode,
                            "batch_size": batch_size, "context": context}
     with kernel_aot.without_compilation_cache(), _backend.compiling_for("tpu"):
         abstract = nnx.eval_shape(lambda: Transformer(model, rngs=nnx.Rngs(0)))
         graphdef, state = nnx.split(abstract)
-        cache = on_chip(jax.eval_shape(lambda: abstract.init_cache(batch_size, context)))
-        tokens = jax.ShapeDtypeStruct((batch_size, 1), jnp.int32, sharding=sharding)
+        cache = kernel_aot._on_device(jax.eval_shape(lambda: abstract.init_cache(batch_size, context)), chip)
+        tokens = kernel_aot._on_device(jax.ShapeDtypeStruct((batch_size, 1), jnp.int32), chip)
 
         def step(state, tokens, cache):
             out = nnx.merge(graphdef, state)(tokens, cache=cache)
@@ -257,7 +253,7 @@ def compile_decode_step(model: TransformerConfig, *, topology: str, batch_size: 
 
         t0 = time.perf_counter()
         try:
-            compiled = jax.jit(step, donate_argnums=2).trace(on_chip(state), tokens, cache).lower().compile()
+            compiled = jax.jit(step, donate_argnums=2).trace(kernel_aot._on_device(state, chip), tokens, cache).lower().compile()
         except Exception as e:  # the compiler's refusal is the result
             row.update(ok=False, compile_s=time.perf_counter() - t0, error=kernel_aot.compiler_verdict(str(e)))
             return row

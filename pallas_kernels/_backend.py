@@ -195,7 +195,7 @@ def lower_for(fn: Callable, *args, platform: str) -> str:
     capability and otherwise refuses with "No supported GPU devices found").
     """
     target = contextlib.nullcontext()
-    if platform in ("cuda", "rocm") and jax.default_backend() != "gpu":
+    if platform == "cuda" and jax.default_backend() != "gpu":
         device = jax.sharding.AbstractDevice(device_kind=ABSTRACT_GPU, num_cores=None, platform="gpu")
         mesh = jax.sharding.AbstractMesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Auto,),
                                          abstract_device=device)  # Auto: no sharding in the types

@@ -155,10 +155,9 @@ def test_a_transposed_cache_handed_to_the_decode_kernel_shows_in_the_temporaries
 
     from pallas_kernels.decode_attention import decode_attention
 
-    sharding = jax.sharding.SingleDeviceSharding(kernel_aot.tpu_devices("v5e:2x2")[0])
-    kv = jax.ShapeDtypeStruct((2, 2, _DECODE_CONTEXT, 128), jnp.bfloat16, sharding=sharding)  # [b, k, s, d]
-    args = (jax.ShapeDtypeStruct((2, 4, 128), jnp.bfloat16, sharding=sharding), kv, kv,
-            jax.ShapeDtypeStruct((2,), jnp.int32, sharding=sharding))
+    kv = jax.ShapeDtypeStruct((2, 2, _DECODE_CONTEXT, 128), jnp.bfloat16)  # [b, k, s, d]
+    args = kernel_aot._on_device((jax.ShapeDtypeStruct((2, 4, 128), jnp.bfloat16), kv, kv,
+                                  jax.ShapeDtypeStruct((2,), jnp.int32)), kernel_aot.tpu_devices("v5e:2x2")[0])
 
     def temp_bytes(fn):
         with kernel_aot.without_compilation_cache():
