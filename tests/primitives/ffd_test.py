@@ -52,14 +52,27 @@ def test_quantizer_codes_in_range_error_bound_and_exact_residual(problem, bits):
 
 
 @pytest.mark.parametrize("bits", [2, 4])
-def test_pack_unpack_round_trip_and_layout(bits):
-    codes = jax.random.randint(jax.random.key(1), (3, 5, 16), 0, 2**bits).astype(jnp.uint8)
+@pytest.mark.parametrize("channels", [8, 16, 128])  # packed bytes 2-64: the byte path (not a multiple of 4) and the word path
+def test_pack_unpack_round_trip_and_layout(bits, channels):
+    codes = jax.random.randint(jax.random.key(1), (3, 5, channels), 0, 2**bits).astype(jnp.uint8)
     packed = ffd.pack_codes(codes, bits)
-    assert packed.shape == (3, 5, 16 * bits // 8) and packed.dtype == jnp.uint8
+    assert packed.shape == (3, 5, channels * bits // 8) and packed.dtype == jnp.uint8
     np.testing.assert_array_equal(ffd.unpack_codes(packed, bits), codes)
+    np.testing.assert_array_equal(jax.jit(ffd.unpack_codes, static_argnums=1)(packed, bits), codes)
     per = 8 // bits
-    expect = sum(int(codes[0, 0, i * (16 // per)]) << (bits * i) for i in range(per))  # planar layout
+    expect = sum(int(codes[0, 0, i * (channels // per)]) << (bits * i) for i in range(per))  # planar layout
     assert int(packed[0, 0, 0]) == expect
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_unpack_every_byte_value(bits):
+    """Every byte value unpacks to its fields (numpy), whichever path (32-bit words or bytes) runs."""
+    per = 8 // bits
+    byte_values = np.arange(256, dtype=np.uint8)
+    for n in (4, 2):  # word path, byte path
+        packed = np.resize(byte_values, (256 // n + 1) * n).reshape(-1, n)
+        want = np.concatenate([(packed >> (bits * i)) & (2**bits - 1) for i in range(per)], axis=-1)
+        np.testing.assert_array_equal(ffd.unpack_codes(jnp.asarray(packed), bits), want)
 
 
 def test_scan_score_identity(problem, cache):
