@@ -22,7 +22,9 @@ numerical mismatch) is recorded and the run goes on:
    the card (``primitives.attention.default_kv_layout`` still assumes "bskd" there).
 
 A time budget (``--budget-s``) skips what is left, saying so, rather than overrun the lease. The JSON
-(``--out``, default ``results/bench/gpu_<card>.json``) records the card's name and every number.
+(``--out``, default ``results/bench/gpu_<card>.json``) records the card's name and every number; the
+same tables in Markdown (:func:`report`, with the axis-order verdict of :func:`layout_verdict`) are
+written beside it (``.md``), and ``--report JSON`` prints them again for an earlier run.
 ``--dry-run`` runs the same code at tiny shapes with the kernels interpreted (on CPU, seconds), which
 is what the test suite does, so the script itself is known to work before a GPU is spent on it;
 ``--lower-only`` (also tested) lowers every program of the GPU run at its full shapes for Triton.
@@ -516,6 +518,82 @@ _DECODE_LINE = ("{tokens:>7} tokens {heads}/{kv_heads}/{head_dim} {layout}: kern
                 "err {kernel_vs_xla_relative_error:.1e}")
 
 
+def _md_table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+        ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+
+
+def layout_verdict(decode: list[dict]) -> dict:
+    """Which cache axis order the decode kernel ran faster in, per (GQA shape, length) and overall.
+
+    Returns ``{"rows": [{"shape", "tokens", "faster", "bskd_over_bksd"}], "faster_in": {layout: count},
+    "geomean_bskd_over_bksd": float}`` (a ratio above 1: "bksd" is faster), or ``{}`` without both orders.
+    """
+    by = {}
+    for r in decode:
+        by.setdefault((f"{r['heads']}/{r['kv_heads']}/{r['head_dim']}", r["tokens"]), {})[r["layout"]] = r["kernel_ms"]
+    rows = [{"shape": shape, "tokens": tokens, "bskd_over_bksd": t["bskd"] / t["bksd"],
+             "faster": "bksd" if t["bksd"] < t["bskd"] else "bskd"}
+            for (shape, tokens), t in by.items() if {"bskd", "bksd"} <= t.keys()]
+    if not rows:
+        return {}
+    return {"rows": rows, "faster_in": {lay: sum(r["faster"] == lay for r in rows) for lay in ("bskd", "bksd")},
+            "geomean_bskd_over_bksd": float(np.exp(np.mean([np.log(r["bskd_over_bksd"]) for r in rows])))}
+
+
+def report(rec: dict) -> str:
+    """The run's record as Markdown tables, for ``results/bench/`` and the README's performance section.
+
+    Every field a failed or skipped step lacks is left out rather than guessed; a failed case shows the
+    first line of its error.
+    """
+    c = rec.get("ceilings", {})
+    lines = [f"# Device check: {rec['device']} ({rec['backend']}), jax {rec['jax']}, {rec['date']}", "",
+             f"`python -m pallas_kernels.device_check{' --dry-run' if rec['dry_run'] else ''}`"
+             f"{' (tiny shapes, kernels interpreted)' if rec['dry_run'] else ''}: "
+             f"{rec.get('seconds', 0):.0f} s, medians of {rec['repeats']}, implementation {rec['implementation']}. "
+             f"Copy bandwidth {c.get('copy_bytes_per_s', 0) / 1e12:.3f} TB/s, read bandwidth "
+             f"{c.get('read_bytes_per_s', 0) / 1e12:.3f} TB/s (a {c.get('bytes', 0) / 2**30:.2f} GiB array, same run). "
+             f"Every kernel and step passed: **{rec.get('all_passed')}**."]
+    if rec.get("skipped"):
+        lines.append(f"Skipped (time budget): {', '.join(rec['skipped'])}.")
+    for name, err in rec.get("step_errors", {}).items():
+        lines.append(f"Step `{name}` failed: `{err.splitlines()[0]}`.")
+    rows = []
+    for r in rec.get("kernels", []):
+        if "error" in r:
+            rows.append([r["case"], "**error**", "", "", "", "", "`" + r["error"].splitlines()[0][:160] + "`"])
+        else:
+            rows.append([r["case"], "pass" if r["passed"] else "**FAIL**",
+                         f"{r['max_relative_error']:.1e} / {r['tolerance']:.0e}", f"{r['kernel_ms']:.3f}",
+                         f"{r['xla_ms']:.3f}", f"{r['speedup_vs_xla']:.2f}x", f"{r['compile_and_first_run_s']:.1f} s"])
+    lines += ["", "## Kernels against their XLA references (same inputs)", ""]
+    lines += _md_table(["case", "check", "rel. error / tolerance", "kernel ms", "XLA ms", "XLA / kernel",
+                        "compile + first run"], rows)
+    if rec.get("ffd"):
+        lines += ["", "## FFD kernel against the dense decode kernel (one sequence, synthetic sink+needle heads, delta=5)", ""]
+        lines += _md_table(["tokens", "kept", "same selection", "rel. error vs dense", "dense kernel ms",
+                            "FFD kernel ms", "speedup"],
+                           [[r["tokens"], f"{r['kept_fraction']:.1%}", r["same_selection_as_reference"],
+                             f"{r['max_rel_error_vs_dense']:.2e}", f"{r['dense_kernel_ms']:.3f}",
+                             f"{r['ffd_kernel_ms']:.3f}", f"{r['speedup_vs_dense_kernel']:.2f}x"] for r in rec["ffd"]])
+    if rec.get("decode"):
+        lines += ["", "## Dense decode kernel against the copy ceiling (batch 1, bf16 cache)", ""]
+        lines += _md_table(["tokens", "h/k/d", "layout", "K+V MB", "kernel ms", "TB/s", "of copy ceiling", "XLA ms",
+                            "rel. error vs XLA"],
+                           [[r["tokens"], f"{r['heads']}/{r['kv_heads']}/{r['head_dim']}", r["layout"],
+                             f"{r['mbytes']:.0f}", f"{r['kernel_ms']:.3f}", f"{r['kernel_tb_s']:.3f}",
+                             f"{r['fraction_of_copy_ceiling']:.0%}", f"{r['xla_ms']:.3f}",
+                             f"{r['kernel_vs_xla_relative_error']:.1e}"] for r in rec["decode"]])
+        v = layout_verdict(rec["decode"])
+        if v:
+            lines += ["", f"Axis order: the kernel ran faster on \"bksd\" (head-major) in {v['faster_in']['bksd']} "
+                          f"of {len(v['rows'])} rows and on \"bskd\" in {v['faster_in']['bskd']}; time bskd / bksd, "
+                          f"geometric mean {v['geomean_bskd_over_bksd']:.2f} (above 1: head-major is faster). "
+                          "`primitives.attention.default_kv_layout` decides the GPU default from this."]
+    return "\n".join(lines) + "\n"
+
+
 def default_out(device_kind: str) -> pathlib.Path:
     """``results/bench/gpu_<card>.json`` with the card's name made file-safe."""
     slug = re.sub(r"[^a-z0-9]+", "_", device_kind.lower()).strip("_") or "device"
@@ -531,8 +609,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip what is left after this many seconds")
     parser.add_argument("--only", default=None, help="comma list of case ids (kernel.name), 'ffd', 'decode'")
     parser.add_argument("--out", default=None, help="JSON path (default results/bench/gpu_<card>.json; "
-                                                    "a dry run writes only when given)")
+                                                    "a dry run writes only when given); Markdown tables beside it (.md)")
+    parser.add_argument("--report", default=None, metavar="JSON",
+                        help="print the Markdown tables of an earlier run's JSON and exit (any machine)")
     args = parser.parse_args(argv)
+    if args.report:
+        text = report(json.loads(pathlib.Path(args.report).read_text()))
+        print(text)
+        return {"report": text}
     if args.lower_only:
         res = lower_full()
         for name, status in res.items():
@@ -547,7 +631,8 @@ def main(argv=None) -> dict:
         path = pathlib.Path(out)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(rec, indent=1))
-        print(f"wrote {path}")
+        path.with_suffix(".md").write_text(report(rec))
+        print(f"wrote {path} and {path.with_suffix('.md')}")
     return rec
 
 

@@ -73,3 +73,40 @@ def test_budget_skips_what_is_left_and_says_so():
 def test_compiled_kernels_match_their_references_on_the_gpu():
     rec = device_check.run(log=print)
     assert all(r["passed"] for r in rec["kernels"]), [r for r in rec["kernels"] if not r["passed"]]
+
+
+def test_report_renders_every_case_step_and_the_layout_verdict(dry_run):
+    text = device_check.report(dry_run)
+    for case in device_check.CASES:
+        assert f"| {case.kernel}.{case.name} | pass |" in text
+    assert "## FFD kernel" in text and "## Dense decode kernel" in text
+    assert text.count("| bskd |") == text.count("| bksd |") == len(dry_run["decode"]) // 2
+    assert "Axis order: the kernel ran faster on" in text
+
+
+def test_report_of_a_failed_and_cut_short_run_says_so():
+    rec = {"device": "NVIDIA H100", "backend": "gpu", "jax": "0.11.2", "date": "2026-12-07", "dry_run": False,
+           "implementation": "pallas_triton", "repeats": 5, "ceilings": {}, "skipped": ["decode"],
+           "step_errors": {"ffd": "ValueError: boom\ntraceback..."}, "all_passed": False,
+           "kernels": [{"case": "wkv.bi_wkv", "passed": False, "error": "CompilationError: smem\nmore"}]}
+    text = device_check.report(rec)
+    assert "| wkv.bi_wkv | **error** |" in text and "CompilationError: smem" in text and "more" not in text
+    assert "Skipped (time budget): decode." in text and "Step `ffd` failed: `ValueError: boom`." in text
+    assert "## FFD kernel" not in text and "**False**" in text
+
+
+def test_layout_verdict_counts_rows_and_takes_the_geometric_mean():
+    rows = [{"heads": 32, "kv_heads": 8, "head_dim": 128, "tokens": t, "layout": lay, "kernel_ms": ms}
+            for t, lay, ms in ((1, "bskd", 2.0), (1, "bksd", 1.0), (2, "bskd", 1.0), (2, "bksd", 2.0),
+                               (3, "bskd", 4.0), (3, "bksd", 1.0))]
+    v = device_check.layout_verdict(rows)
+    assert v["faster_in"] == {"bskd": 1, "bksd": 2}
+    assert abs(v["geomean_bskd_over_bksd"] - 4 ** (1 / 3) * 1.0) < 1e-12  # (2 * 0.5 * 4) ** (1/3)
+    assert device_check.layout_verdict(rows[:1]) == {}
+
+
+def test_report_cli_prints_an_earlier_runs_tables(dry_run, tmp_path, capsys):
+    path = tmp_path / "gpu_test.json"
+    path.write_text(json.dumps(dry_run))
+    out = device_check.main(["--report", str(path)])
+    assert out["report"] == device_check.report(dry_run) and "# Device check:" in capsys.readouterr().out
