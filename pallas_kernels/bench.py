@@ -424,13 +424,17 @@ def bench_ffd(token_counts, delta: float, repeats: int) -> list[dict]:
         lib_kv = (k_hm, v_hm) if attn_ref.default_kv_layout() == "bksd" else (pr.keys, pr.values)
         dense_lib = jax.jit(lambda q, k, v, n: attn_ref.decode_attention(q, k, v, n,
                                                                          kv_layout=attn_ref.default_kv_layout()))
-        times = _timed({"dense_ref": lambda: dense_lib(pr.q, *lib_kv, pr.lengths),
-                        "hm_f32": lambda: forms["hm_f32"](pr.q, k_hm, v_hm),
-                        "hm_bf16": lambda: forms["hm_bf16"](pr.q, k16, v16),
-                        "hm_split16": lambda: forms["hm_split16"](pr.q, k_hm, v_hm),
-                        "ffd_fast": lambda: fast(pr.q, cache)}, repeats)
+        rounds = device_check.timed_rounds({"dense_ref": lambda: dense_lib(pr.q, *lib_kv, pr.lengths),
+                                            "hm_f32": lambda: forms["hm_f32"](pr.q, k_hm, v_hm),
+                                            "hm_bf16": lambda: forms["hm_bf16"](pr.q, k16, v16),
+                                            "hm_split16": lambda: forms["hm_split16"](pr.q, k_hm, v_hm),
+                                            "ffd_fast": lambda: fast(pr.q, cache)}, repeats)
+        times = {k: float(np.median(v)) for k, v in rounds.items()}
         dense_names = [k for k in times if k != "ffd_fast"]
         fastest = min(dense_names, key=times.get)
+        # The spread of the speedup over the rounds (each round times every contender once, in turn): the
+        # fastest dense formulation's time over FFD's in the same round.
+        per_round = np.asarray(rounds[fastest]) / np.asarray(rounds["ffd_fast"])
         model = ffd_ref.modeled_bytes(batch=b, tokens=s, kv_heads=kh, head_dim=d, page_size=128, kept=kept)
         cost = ffd_cost(batch=b, tokens=s, num_heads=h, num_kv_heads=kh, head_dim=d, page_size=128, kept=kept,
                         residual_itemsize=1, v_itemsize=2)
@@ -455,6 +459,10 @@ def bench_ffd(token_counts, delta: float, repeats: int) -> list[dict]:
             "ms": {k: v * 1e3 for k, v in times.items()},
             "fastest_dense": fastest,
             "speedup_vs_fastest_dense": times[fastest] / times["ffd_fast"],
+            "speedup_vs_fastest_dense_per_round": {
+                "min": float(per_round.min()), "p25": float(np.percentile(per_round, 25)),
+                "median": float(np.median(per_round)), "p75": float(np.percentile(per_round, 75)),
+                "max": float(per_round.max()), "rounds": int(per_round.size)},
             "speedup_vs_dense_ref": times["dense_ref"] / times["ffd_fast"],
             "speedup_vs_dense_head_major": times["hm_f32"] / times["ffd_fast"],
             "projected_us": {"ffd": {k: v * 1e6 for k, v in _projected(cost).items()},
@@ -474,6 +482,11 @@ def _print_ffd(rows: list[dict]) -> None:
               f"{r['max_rel_error']:>9.2e}{m['dense_ref']:>8.2f}{m['hm_f32']:>8.2f}{m['hm_bf16']:>8.2f}"
               f"{m['hm_split16']:>8.2f}{m['ffd_fast']:>8.2f}{r['fastest_dense']:>15}"
               f"{r['speedup_vs_fastest_dense']:>16.2f}x{r['speedup_vs_dense_ref']:>6.2f}x")
+    for r in rows:
+        pr = r["speedup_vs_fastest_dense_per_round"]
+        print(f"  {r['tokens']}: FFD x fastest dense per round ({pr['rounds']} rounds, each timing every contender "
+              f"once): median {pr['median']:.2f}x, quartiles {pr['p25']:.2f}-{pr['p75']:.2f}x, "
+              f"range {pr['min']:.2f}-{pr['max']:.2f}x")
     for r in rows:
         print(f"  {r['tokens']}: CPU path reads ~{r['cpu_path_mbytes']:.1f} MB (int8 scan keys {r['extra_storage_mbytes_scan_keys']:.1f} MB "
               f"stored beside the packed codes) vs {r['dense_f32_mbytes']:.1f} MB dense f32 K/V; "

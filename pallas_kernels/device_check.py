@@ -273,8 +273,10 @@ def _wkv(z: Size):
 # Measuring
 
 
-def timed(fns: dict[str, Callable], repeats: int) -> dict[str, float]:
-    """Median seconds per zero-argument callable, interleaved round-robin after one warm-up each."""
+def timed_rounds(fns: dict[str, Callable], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each call per zero-argument callable: ``repeats`` rounds, each calling every callable
+    once in turn (so round ``i`` of two callables ran under the same machine conditions), after one
+    warm-up call each."""
     for f in fns.values():
         jax.block_until_ready(f())
     times = {k: [] for k in fns}
@@ -283,7 +285,12 @@ def timed(fns: dict[str, Callable], repeats: int) -> dict[str, float]:
             t = time.perf_counter()
             jax.block_until_ready(f())
             times[k].append(time.perf_counter() - t)
-    return {k: float(np.median(v)) for k, v in times.items()}
+    return times
+
+
+def timed(fns: dict[str, Callable], repeats: int) -> dict[str, float]:
+    """Median seconds per zero-argument callable, interleaved round-robin after one warm-up each."""
+    return {k: float(np.median(v)) for k, v in timed_rounds(fns, repeats).items()}
 
 
 def ceilings(nbytes: int, repeats: int) -> dict:
