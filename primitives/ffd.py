@@ -373,6 +373,8 @@ def reference_threshold(q: jax.Array, cache: FFDCache, delta: float) -> jax.Arra
     if not delta >= 0:
         raise ValueError(f"delta must be >= 0 (log2 units; inf keeps all pages), got {delta}")
     b, kh, p = cache.scales.shape[:3]
+    if p == 0:  # a cache shorter than one page: no full page to take a reference from
+        return jnp.full(_grouped(q, cache).shape[:3], -jnp.inf)
     last = jnp.maximum(cache.full_pages - 1, 0)
     two = jnp.stack([jnp.zeros_like(last), last], axis=1)  # [b, 2] page indices
     flat = (jnp.arange(kh)[None, :, None] * p + two[:, None, :]).reshape(b, 2 * kh)
@@ -454,8 +456,8 @@ def pages_partial(q: jax.Array, cache: FFDCache, attend: jax.Array, *, use_resid
     scores = scan_scores(q, cache)  # [b, k, g, p, t]
     if use_residual:
         scores = scores + tau * jnp.einsum("bkgd,bkptd->bkgpt", qg, cache.residual.astype(jnp.float32))
-    scores = jnp.where(attend[:, :, None, :, None], scores, -jnp.inf).reshape(b, kh, -1, p * bs)
-    m = jnp.max(scores, axis=-1, keepdims=True)
+    scores = jnp.where(attend[:, :, None, :, None], scores, -jnp.inf).reshape(b, kh, h // kh, p * bs)
+    m = jnp.max(scores, axis=-1, keepdims=True, initial=-jnp.inf)  # initial: no pages (p = 0)
     m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
     w = jnp.exp2(scores - m_safe)
     l_pages = jnp.sum(w, axis=-1)

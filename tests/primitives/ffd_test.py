@@ -291,3 +291,19 @@ def test_fast_path_overflow_and_cache_without_scan_keys():
 def _sharp_inputs():
     kk, kv = jax.random.split(jax.random.key(6))
     return jax.random.normal(kk, (1, 40, 1, 8)), jax.random.normal(kv, (1, 40, 1, 8)), jnp.array([37])
+
+
+def test_a_cache_shorter_than_one_page_attends_exactly_to_its_current_page():
+    """No full page (p = 0): no reference page, nothing to select; every path is exact dense attention."""
+    from pallas_kernels.ffd_decode import ffd_decode as kernel_ffd
+    from primitives import attention
+
+    kk, kv, kq = jax.random.split(jax.random.key(5), 3)
+    keys, values = jax.random.normal(kk, (2, 100, 2, 128)), jax.random.normal(kv, (2, 100, 2, 128))
+    lengths, q = jnp.array([100, 37]), jax.random.normal(kq, (2, 4, 128))
+    cache = ffd.build_cache(keys, values, lengths, page_size=128)
+    assert cache.num_pages == 0
+    assert bool(jnp.all(ffd.reference_threshold(q, cache, 5.0) == -jnp.inf))
+    want = attention.decode_attention(q, keys, values, lengths)
+    for out in (ffd.ffd_decode(q, cache).out, ffd.fast_ffd_decode(q, cache).out, kernel_ffd(q, cache).out):
+        np.testing.assert_allclose(out, want, atol=1e-5)
