@@ -28,6 +28,14 @@ three uses the papers need:
 
 Writes are scatters with out-of-range indices dropped, never clamped, so an
 append that does not fit cannot overwrite valid entries.
+
+FFD decoding (`AttentionConfig(decode="ffd")`) also needs the keys of every
+full page quantized to low-bit codes (`primitives.ffd`). `init_cache(...,
+ffd_page_size=...)` adds those per-layer page slots (`KVCache.pages`,
+`primitives.ffd.FFDPages`); the model quantizes each page once, in the call
+whose append completes it (`primitives.ffd.update_pages`), instead of
+re-quantizing the whole cache every step. Rollback needs nothing more: a page
+is quantized again whenever an append completes it.
 """
 
 from __future__ import annotations
@@ -38,12 +46,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from primitives import ffd
 from primitives.attention import KV_LAYOUTS, default_kv_layout, kv_token_axis
 
 __all__ = ["KVCache", "KV_LAYOUTS", "default_kv_layout", "init_cache", "write_tokens", "truncate", "token_major"]
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["keys", "values", "lengths"],
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["keys", "values", "lengths", "pages"],
                    meta_fields=["layout"])
 @dataclasses.dataclass(frozen=True)
 class KVCache:
@@ -56,12 +65,18 @@ class KVCache:
       values: tuple of L arrays, the keys' shape.
       lengths: [b] int32, valid entries per sequence.
       layout: "bskd" or "bksd", the axis order of keys and values.
+      pages: None, or a tuple of L `primitives.ffd.FFDPages`: each layer's full pages of keys
+        quantized for FFD decoding (`init_cache(..., ffd_page_size=...)`), kept current by the
+        model as appends complete pages. Keys written around the model (`replace(keys=...)`) leave
+        them stale: rebuild with `primitives.ffd.quantize_key_pages`, or drop them (`pages=None`)
+        and FFD quantizes the whole cache at every step.
     """
 
     keys: tuple[jax.Array, ...]
     values: tuple[jax.Array, ...]
     lengths: jax.Array
     layout: str = "bskd"
+    pages: tuple[ffd.FFDPages, ...] | None = None
 
     def __post_init__(self):
         kv_token_axis(self.layout)  # validates
@@ -81,18 +96,29 @@ class KVCache:
 
 def init_cache(
     *, num_layers: int, batch_size: int, capacity: int, num_kv_heads: int, head_dim: int, dtype=jnp.float32,
-    layout: str = "bskd",
+    layout: str = "bskd", ffd_page_size: int | None = None, ffd_bits: int = 2,
 ) -> KVCache:
-    """An empty cache (all lengths 0) with room for `capacity` tokens per sequence, in `layout`."""
+    """An empty cache (all lengths 0) with room for `capacity` tokens per sequence, in `layout`.
+
+    With `ffd_page_size`, also the FFD page slots (`KVCache.pages`, keys quantized to `ffd_bits` bits,
+    int8 scan keys included), and the capacity rounded up to whole pages, so the dense cache is paged
+    by a reshape, never a copy.
+    """
     for name, value in (("num_layers", num_layers), ("batch_size", batch_size), ("capacity", capacity)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1; got {value}")
     kv_token_axis(layout)
+    if ffd_page_size is not None:
+        capacity = -(-capacity // ffd_page_size) * ffd_page_size
     shape = ((batch_size, capacity, num_kv_heads, head_dim) if layout == "bskd"
              else (batch_size, num_kv_heads, capacity, head_dim))
+    pages = None
+    if ffd_page_size is not None:
+        pages = tuple(ffd.init_pages(batch_size, num_kv_heads, capacity, head_dim, page_size=ffd_page_size,
+                                     bits=ffd_bits) for _ in range(num_layers))
     return KVCache(keys=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
                    values=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-                   lengths=jnp.zeros((batch_size,), jnp.int32), layout=layout)
+                   lengths=jnp.zeros((batch_size,), jnp.int32), layout=layout, pages=pages)
 
 
 def write_tokens(buffer: jax.Array, new: jax.Array, start: jax.Array, *, layout: str = "bskd") -> jax.Array:

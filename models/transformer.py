@@ -34,9 +34,11 @@ What the papers need from a model, all passed as arguments (no monkey-patching):
     `sparse_decode=SparseDecode(select, recent_start, max_recent)` makes a
     one-token step attend only to the keys `select(layer, q, keys)` lists plus
     the recent range, through `pallas_kernels.vegas.sparse_decode_attention`;
-  * FFD decoding (`AttentionConfig(decode="ffd")`): every one-token decode step
-    returns the fraction of cache pages each layer kept [L] (intermediates
-    `ffd_kept_fraction`, over sequences and KV heads).
+  * FFD decoding (`AttentionConfig(decode="ffd")`): the cache carries each
+    layer's full pages quantized (`KVCache.pages`, kept current as appends
+    complete pages), and every one-token decode step returns the fraction of
+    cache pages each layer kept [L] (intermediates `ffd_kept_fraction`, over
+    sequences and KV heads).
 
 The FFN is a pluggable slot: `TransformerConfig.ffn_type` names a factory in
 `FFN_TYPES` (`register_ffn` adds one). An FFN module maps [b, t, D] to
@@ -128,6 +130,13 @@ _INT_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads
 _FLOAT_FIELDS = ("rope_base", "norm_eps", "init_std")
 
 
+def _repr_hiding_defaults(self) -> str:
+    """The dataclass repr, except that a ``repr=False`` field shows only when not at its default (so
+    adding such a field leaves the repr of existing configs, and the fingerprints built from it, alone)."""
+    shown = [f for f in dataclasses.fields(self) if f.repr or getattr(self, f.name) != f.default]
+    return f"{type(self).__name__}(" + ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in shown) + ")"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FFDConfig:
     """Faster Flash Decoding settings of the "ffd" decode mode (`TransformerConfig.attention.ffd`).
@@ -142,6 +151,11 @@ class FFDConfig:
         "top_k" (best pages by 2-bit scan maximum) and "quest" (best pages by per-page min/max key
         bounds), which keep ``ceil(kept_fraction * full pages)`` pages per sequence and KV head.
       kept_fraction: the budget selectors' kept fraction, in (0, 1].
+      gather_fraction: "top_delta" on the XLA (CPU) path, over a cache with FFD pages
+        (`KVCache.pages`): the static page budget of `primitives.ffd.fast_ffd_decode`, as a fraction
+        of each sequence's page slots over all KV heads, in (0, 1]. A step whose int8 scan leaves
+        more candidate pages runs the exact scan of every page instead: the same result, slower.
+        Not shown in the repr at its default.
     """
 
     delta: float = 5.0
@@ -149,25 +163,23 @@ class FFDConfig:
     bits: int = 2
     selector: str = "top_delta"
     kept_fraction: float = 0.1
+    gather_fraction: float = dataclasses.field(default=0.25, repr=False)
+
+    __repr__ = _repr_hiding_defaults
 
     def __post_init__(self):
         p = "attention.ffd."
         for name in ("page_size", "bits"):
             check_int(p + name, getattr(self, name))
         check_finite(p + "kept_fraction", self.kept_fraction)
+        check_finite(p + "gather_fraction", self.gather_fraction)
         if math.isnan(self.delta):
             raise ValueError(f"{p}delta must not be NaN (inf keeps every page); got {self.delta}")
         if self.selector not in FFD_SELECTORS:
             raise ValueError(f"{p}selector must be one of {FFD_SELECTORS}; got {self.selector!r}")
-        if not 0.0 < self.kept_fraction <= 1.0:
-            raise ValueError(f"{p}kept_fraction must be in (0, 1]; got {self.kept_fraction}")
-
-
-def _repr_hiding_defaults(self) -> str:
-    """The dataclass repr, except that a ``repr=False`` field shows only when not at its default (so
-    adding such a field leaves the repr of existing configs, and the fingerprints built from it, alone)."""
-    shown = [f for f in dataclasses.fields(self) if f.repr or getattr(self, f.name) != f.default]
-    return f"{type(self).__name__}(" + ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in shown) + ")"
+        for name in ("kept_fraction", "gather_fraction"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{p}{name} must be in (0, 1]; got {getattr(self, name)}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -178,8 +190,9 @@ class AttentionConfig:
       decode: how one-token decode steps over the KV cache attend: "dense" (the reference
         attention, the default), "kernel" (the split-K `pallas_kernels.decode_attention`
         dispatcher) or "ffd" (Faster Flash Decoding through `pallas_kernels.ffd_decode` with the
-        settings in `ffd`: the cache is paged and its keys quantized on the fly each step, so this
-        is the method's semantics, not its speed).
+        settings in `ffd`: `init_cache` adds FFD page slots to the cache, each page's keys are
+        quantized once, by the call that completes it, and on CPU the step runs the int8-scan fast
+        path; a cache without page slots is quantized whole at every step: the same result, slower).
       prefill: how attention over whole sequences without a KV cache (training, scoring) runs:
         "dense" (the reference, materialises the [b, h, t, t] scores), "flash"
         (`pallas_kernels.flash_attention`, Pallas forward and backward: memory linear in t) or
@@ -508,8 +521,9 @@ class Attention(nnx.Module):
         positions: jax.Array,
         *,
         segment_ids: jax.Array | None = None,
-        layer_cache: tuple[jax.Array, jax.Array] | None = None,
+        layer_cache: tuple[jax.Array, jax.Array, ffd_lib.FFDPages | None] | None = None,
         cache_lengths: jax.Array | None = None,
+        new_lengths: jax.Array | None = None,
         kv_layout: str = "bskd",
         head_mask: jax.Array | None = None,
         head_delta: jax.Array | None = None,
@@ -518,7 +532,11 @@ class Attention(nnx.Module):
         bias_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
         default_positions: bool = False,
     ) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array] | None, dict[str, jax.Array]]:
-        """Returns (output [b, t, D], head outputs [b, t, h, d], updated (k, v) cache or None, extras).
+        """Returns (output [b, t, D], head outputs [b, t, h, d], updated (k, v, pages) cache or None, extras).
+
+        `layer_cache` is (keys, values, FFD pages or None) before this call's tokens; `cache_lengths`
+        and `new_lengths` [b] are the valid tokens before and after it (the pages are quantized as
+        the append completes them).
 
         `extras` holds `scores` [b, h, R, S] and `lse` [b, h, t] when `score_rows` is given (with a
         cache) and `ffd_kept_fraction` (a scalar) on an FFD decode step; `sparse_decode` is (select
@@ -543,7 +561,11 @@ class Attention(nnx.Module):
         else:
             k_all = write_tokens(layer_cache[0], k, cache_lengths, layout=kv_layout)
             v_all = write_tokens(layer_cache[1], v, cache_lengths, layout=kv_layout)
-            new_cache = (k_all, v_all)
+            pages = layer_cache[2]
+            if pages is not None:
+                pages = ffd_lib.update_pages(pages, k_all, cache_lengths, new_lengths, max_new_tokens=x.shape[1],
+                                             layout=kv_layout)
+            new_cache = (k_all, v_all, pages)
             k_all, v_all = k_all.astype(self.dtype), v_all.astype(self.dtype)
             if score_rows is not None:
                 res = vegas_kernel.verify_attention(q, k_all, v_all, positions, rows=tuple(score_rows),
@@ -557,7 +579,7 @@ class Attention(nnx.Module):
                     q[:, 0], k_all, v_all, indices, valid, recent_start, cache_lengths + 1,
                     max_recent=max_recent, kv_layout=kv_layout)[:, None]
             elif x.shape[1] == 1 and self.decode_mode != "dense" and bias_fn is None:
-                heads, kept = self._decode_step(q[:, 0], k_all, v_all, cache_lengths + 1, kv_layout)
+                heads, kept = self._decode_step(q[:, 0], k_all, v_all, cache_lengths + 1, kv_layout, pages)
                 heads = heads[:, None]
                 if kept is not None:
                     extras = {"ffd_kept_fraction": kept}
@@ -584,8 +606,13 @@ class Attention(nnx.Module):
         return self.prefill_mode == "flash"
 
     def _decode_step(self, q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array,
-                     kv_layout: str) -> tuple[jax.Array, jax.Array | None]:
+                     kv_layout: str, pages: ffd_lib.FFDPages | None) -> tuple[jax.Array, jax.Array | None]:
         """One query per sequence over its cache, through the configured kernel dispatcher.
+
+        FFD reads the quantized pages the cache carries (`pages`), or, for a cache without them,
+        quantizes every page of the dense cache in this step. Its top-delta selection runs
+        `primitives.ffd.fast_ffd_decode` on the XLA (CPU) path when the pages hold int8 scan keys,
+        else the `pallas_kernels.ffd_decode` dispatcher; both give FFD's result.
 
         Returns the heads [b, h, d] and, for FFD decoding, the step's kept page fraction (a scalar
         over sequences and KV heads; None for the dense kernel).
@@ -593,8 +620,21 @@ class Attention(nnx.Module):
         if self.decode_mode == "kernel":
             return decode_kernel.decode_attention(q, k, v, lengths, kv_layout=kv_layout), None
         ffd = self.ffd
-        cache = ffd_lib.build_cache(k, v, lengths, page_size=ffd.page_size, bits=ffd.bits, layout=kv_layout,
-                                    scan_keys=False)  # the int8 scan keys serve only fast_ffd_decode
+        if pages is None:
+            cache = ffd_lib.build_cache(k, v, lengths, page_size=ffd.page_size, bits=ffd.bits, layout=kv_layout,
+                                        scan_keys=False)  # the int8 scan keys serve only fast_ffd_decode
+        else:
+            if (pages.page_size, 8 * pages.codes.shape[-1] // pages.scales.shape[-1]) != (ffd.page_size, ffd.bits):
+                raise ValueError(f"the cache's FFD pages have page size {pages.page_size} and "
+                                 f"{8 * pages.codes.shape[-1] // pages.scales.shape[-1]} bits; attention.ffd has "
+                                 f"page_size={ffd.page_size}, bits={ffd.bits} (build the cache with model.init_cache)")
+            cache = ffd_lib.paged_cache(pages, k, v, lengths, layout=kv_layout)
+        if ffd.selector == "top_delta" and cache.scan_keys is not None and kernel_backend.resolve_implementation(None) == "xla":
+            slots = cache.scales.shape[1] * cache.num_pages
+            fast = ffd_lib.fast_ffd_decode(q, cache, delta=float(ffd.delta),
+                                           capacity=max(1, math.ceil(ffd.gather_fraction * slots)),
+                                           keys=ffd_lib.head_major_pages(k, ffd.page_size, kv_layout))
+            return fast.out, ffd_lib.kept_fraction(fast.keep, cache)
         if ffd.selector == "top_delta":
             out = ffd_kernel.ffd_decode(q, cache, delta=float(ffd.delta))
         else:
@@ -686,11 +726,13 @@ class Transformer(nnx.Module):
                                   1 / math.sqrt(config.d_model))
 
     def init_cache(self, batch_size: int, capacity: int) -> KVCache:
-        """An empty KV cache for this model."""
+        """An empty KV cache for this model (with FFD page slots when `attention.decode` is "ffd")."""
         c = self.config
+        ffd = c.attention.ffd if c.attention.decode == "ffd" else None
         return init_cache(num_layers=c.num_layers, batch_size=batch_size, capacity=capacity,
                           num_kv_heads=c.num_kv_heads, head_dim=c.resolved_head_dim, dtype=c.compute_dtype,
-                          layout=c.resolved_kv_layout)
+                          layout=c.resolved_kv_layout, ffd_page_size=None if ffd is None else ffd.page_size,
+                          ffd_bits=2 if ffd is None else ffd.bits)
 
     def __call__(
         self,
@@ -808,7 +850,10 @@ class Transformer(nnx.Module):
             x, aux_loss = self._scan_blocks(shard_batch(x), positions, segment_ids, not explicit_positions, aux_loss)
             return self._logits(x, logits_at, None, aux_loss, None)
         residuals, head_outputs, ffn_aux = [x], [], []
-        new_keys, new_values, attn_scores, attn_lse, kept = [], [], [], [], []
+        new_keys, new_values, new_pages, attn_scores, attn_lse, kept = [], [], [], [], [], []
+        if cache is not None:
+            advance = jnp.full((b,), t, jnp.int32) if num_valid is None else num_valid.astype(jnp.int32)
+            new_lengths = cache.lengths + advance
         for l, layer in enumerate(self.layers):
             sparse = None
             if sparse_decode is not None:
@@ -817,8 +862,10 @@ class Transformer(nnx.Module):
             x, heads, new_kv, aux, extras = _call_block(
                 layer, x, positions, c.remat,
                 segment_ids=segment_ids,
-                layer_cache=None if cache is None else (cache.keys[l], cache.values[l]),
+                layer_cache=None if cache is None else (cache.keys[l], cache.values[l],
+                                                        None if cache.pages is None else cache.pages[l]),
                 cache_lengths=None if cache is None else cache.lengths,
+                new_lengths=None if cache is None else new_lengths,
                 kv_layout="bskd" if cache is None else cache.layout,
                 head_mask=None if head_mask is None else head_mask[l],
                 head_delta=None if head_deltas is None else head_deltas[l],
@@ -840,6 +887,7 @@ class Transformer(nnx.Module):
             if new_kv is not None:
                 new_keys.append(new_kv[0])
                 new_values.append(new_kv[1])
+                new_pages.append(new_kv[2])
             if return_intermediates:
                 residuals.append(x)
                 head_outputs.append(heads)
@@ -847,8 +895,8 @@ class Transformer(nnx.Module):
 
         new_cache = None
         if cache is not None:
-            advance = jnp.full((b,), t, jnp.int32) if num_valid is None else num_valid.astype(jnp.int32)
-            new_cache = KVCache(tuple(new_keys), tuple(new_values), cache.lengths + advance, cache.layout)
+            new_cache = KVCache(tuple(new_keys), tuple(new_values), new_lengths, cache.layout,
+                                None if cache.pages is None else tuple(new_pages))
         intermediates = None
         if return_intermediates:
             intermediates = {

@@ -59,6 +59,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -72,6 +73,7 @@ from primitives import quest
 __all__ = [
     "LOG2E",
     "FFDCache",
+    "FFDPages",
     "FFDOutput",
     "delta_from_natural",
     "quantize_pages",
@@ -79,6 +81,11 @@ __all__ = [
     "pack_codes",
     "unpack_codes",
     "build_cache",
+    "quantize_key_pages",
+    "init_pages",
+    "update_pages",
+    "paged_cache",
+    "head_major_pages",
     "scan_scores",
     "page_maxima",
     "reference_threshold",
@@ -171,6 +178,33 @@ class FFDCache(NamedTuple):
     def valid_pages(self) -> jax.Array:
         """[b, p] bool: the page is full and holds cached tokens."""
         return jnp.arange(self.num_pages)[None, :] < self.full_pages[:, None]
+
+
+class FFDPages(NamedTuple):
+    """The quantized keys of one layer's page slots: what an incremental FFD KV cache stores.
+
+    :class:`FFDCache` without the parts a dense KV cache already holds (values and the current page,
+    read from it each step by :func:`paged_cache`). The fields are :class:`FFDCache`'s of the same
+    names, shaped ``[b, k, p, ...]`` over every page slot of the capacity; a slot is meaningful once
+    its page is full (:func:`update_pages` quantizes each page when an append completes it).
+    """
+
+    codes: jax.Array
+    scales: jax.Array
+    residual: jax.Array
+    page_min: jax.Array
+    page_max: jax.Array
+    scan_keys: jax.Array | None = None
+    scan_scales: jax.Array | None = None
+    scan_l1: jax.Array | None = None
+
+    @property
+    def page_size(self) -> int:
+        return self.codes.shape[3]
+
+    @property
+    def num_pages(self) -> int:
+        return self.codes.shape[2]
 
 
 class FFDOutput(NamedTuple):
@@ -294,39 +328,140 @@ def build_cache(keys: jax.Array, values: jax.Array, lengths: jax.Array, *, page_
     Returns:
       :class:`FFDCache` with ``p = s // page_size`` page slots.
     """
+    if keys.ndim != 4 or values.shape != keys.shape:
+        raise ValueError(f"keys and values must be [{', '.join(layout)}] of one shape; got {keys.shape}, "
+                         f"{values.shape}")
+    _check_page_args(page_size, bits, keys.shape[3], residual_dtype)
+    pages = quantize_key_pages(head_major_pages(keys, page_size, layout).astype(jnp.float32), bits=bits,
+                               residual_dtype=residual_dtype, scan_keys=scan_keys)
+    return paged_cache(pages, keys, values, lengths, layout=layout)
+
+
+def _check_page_args(page_size, bits: int, head_dim: int, residual_dtype) -> None:
     _check_bits(bits)
+    if not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+    if head_dim % (8 // bits):
+        raise ValueError(f"head_dim ({head_dim}) must be a multiple of {8 // bits} for {bits}-bit packing")
+    if jnp.dtype(residual_dtype) not in [jnp.dtype(t) for t in _RESIDUAL_DTYPES]:
+        raise ValueError(f"residual_dtype must be one of float32, bfloat16, float8_e4m3fn; got {residual_dtype}")
+
+
+def head_major_pages(x: jax.Array, page_size: int, layout: str = "bskd") -> jax.Array:
+    """A dense cache's keys or values as pages: [b, s, k, d] ("bskd") or [b, k, s, d] ("bksd") ->
+    [b, k, p, bs, d], ``p = s // page_size`` whole pages (a reshape for "bksd" when ``s`` is a multiple of
+    the page size, else a copy)."""
+    b, d = x.shape[0], x.shape[3]
+    s, kh = kv_tokens_heads(x.shape, layout)
+    p = s // page_size
+    if kv_token_axis(layout) == 2:
+        return x[:, :, : p * page_size].reshape(b, kh, p, page_size, d)
+    return x[:, : p * page_size].reshape(b, p, page_size, kh, d).transpose(0, 3, 1, 2, 4)
+
+
+def quantize_key_pages(pages: jax.Array, *, bits: int = 2, residual_dtype=jnp.float32,
+                       scan_keys: bool = True) -> FFDPages:
+    """Quantizes key pages ``[b, k, p, bs, d]`` (float32) into :class:`FFDPages` (packed codes, scales,
+    residual, Quest bounds and, with ``scan_keys``, the int8 scan keys): the per-page work of
+    :func:`build_cache`, shared by :func:`update_pages`."""
+    codes, scales = quantize_pages(pages, bits)
+    residual = (pages - dequantize_pages(codes, scales, bits)).astype(residual_dtype)
+    page_min, page_max = quest_bounds(pages)
+    scan = _int8_scan_keys(codes, scales, bits) if scan_keys else (None, None, None)
+    return FFDPages(codes=pack_codes(codes, bits), scales=scales, residual=residual, page_min=page_min,
+                    page_max=page_max, scan_keys=scan[0], scan_scales=scan[1], scan_l1=scan[2])
+
+
+def init_pages(batch: int, kv_heads: int, capacity: int, head_dim: int, *, page_size: int = 128, bits: int = 2,
+               residual_dtype=jnp.float32, scan_keys: bool = True) -> FFDPages:
+    """Empty :class:`FFDPages` (zeros) for ``capacity // page_size`` page slots, filled by :func:`update_pages`."""
+    _check_page_args(page_size, bits, head_dim, residual_dtype)
+    shape = (batch, kv_heads, capacity // page_size, page_size, head_dim)
+    spec = jax.eval_shape(functools.partial(quantize_key_pages, bits=bits, residual_dtype=residual_dtype,
+                                            scan_keys=scan_keys), jax.ShapeDtypeStruct(shape, jnp.float32))
+    return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), spec)
+
+
+def update_pages(pages: FFDPages, keys: jax.Array, old_lengths: jax.Array, new_lengths: jax.Array, *,
+                 max_new_tokens: int, layout: str = "bskd") -> FFDPages:
+    """Quantizes the pages an append completed: slots ``old_lengths // bs .. new_lengths // bs - 1``.
+
+    Called after the appended tokens are written to the dense ``keys``. An append of at most ``T``
+    tokens completes at most ``T // bs + 1`` pages, all in the window of that many slots starting at
+    the page that held ``old_lengths``, so only that window is read, quantized and written back
+    (slots past the capacity are dropped). Pages are quantized from their own tokens only, so the
+    result is :func:`build_cache`'s (up to float32 rounding), and a rollback (lowering the lengths) needs no
+    undo: a page is quantized again whenever an append completes it.
+
+    Args:
+      pages: the layer's :class:`FFDPages` (valid up to ``old_lengths // bs`` pages).
+      keys: the dense cache's keys after the append, [b, s, k, d] ("bskd") or [b, k, s, d] ("bksd").
+      old_lengths, new_lengths: [b] int valid tokens before and after the append.
+      max_new_tokens: static bound ``T`` on ``new_lengths - old_lengths`` (the append's width).
+      layout: the dense cache's axis order.
+
+    Returns:
+      The updated :class:`FFDPages`.
+    """
+    b, kh, p, bs, d = pages.codes.shape[0], pages.scales.shape[1], pages.num_pages, pages.page_size, keys.shape[3]
+    s, heads = kv_tokens_heads(keys.shape, layout)
+    if (heads, s // bs, d) != (kh, p, pages.scales.shape[-1]):
+        raise ValueError(f"keys {keys.shape} ({layout}) do not match the pages (scales {pages.scales.shape}, "
+                         f"page size {bs})")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    n = min(max_new_tokens // bs + 1, p)
+    if n == 0:  # a capacity shorter than one page: no page slot
+        return pages
+    idx = (old_lengths // bs)[:, None] + jnp.arange(n)[None, :]  # [b, n] slots of the window
+    tok = (idx[:, :, None] * bs + jnp.arange(bs)).reshape(b, n * bs)  # their tokens (past s: clipped, dropped)
+    bi = jnp.arange(b)[:, None]
+    window = keys[bi, :, tok] if kv_token_axis(layout) == 2 else keys[bi, tok]  # [b, n bs, k, d]
+    window = window.reshape(b, n, bs, kh, d).transpose(0, 3, 1, 2, 4).astype(jnp.float32)
+    fresh = quantize_key_pages(window, bits=8 * pages.codes.shape[-1] // d, residual_dtype=pages.residual.dtype,
+                               scan_keys=pages.scan_keys is not None)
+    slot = jnp.where(idx < (new_lengths // bs)[:, None], idx, p)[:, None, :]  # [b, 1, n]; p: not full, dropped
+    ki = jnp.arange(kh)[None, :, None]
+
+    def put(old, new):  # [b, k, p, ...] <- [b, k, n, ...]
+        return None if old is None else old.at[bi[:, :, None], ki, slot].set(new, mode="drop")
+
+    return FFDPages(*(put(o, f) for o, f in zip(pages, fresh)))
+
+
+def paged_cache(pages: FFDPages, keys: jax.Array, values: jax.Array, lengths: jax.Array, *,
+                layout: str = "bskd") -> FFDCache:
+    """The :class:`FFDCache` of a dense KV cache whose full pages ``pages`` holds quantized.
+
+    Values are the dense values paged (a reshape for "bksd"; a transposed copy for "bskd"), and the
+    current page's exact keys and values are read from the dense cache.
+
+    Args:
+      pages: :class:`FFDPages` covering the full pages of ``lengths`` (from :func:`update_pages` or
+        :func:`quantize_key_pages`).
+      keys, values: the dense cache, [b, s, k, d] ("bskd") or [b, k, s, d] ("bksd").
+      lengths: [b] int valid tokens per sequence, in [0, s].
+      layout: the dense cache's axis order.
+    """
     token_axis = kv_token_axis(layout)
     if keys.ndim != 4 or values.shape != keys.shape:
         raise ValueError(f"keys and values must be [{', '.join(layout)}] of one shape; got {keys.shape}, "
                          f"{values.shape}")
-    b, d = keys.shape[0], keys.shape[3]
+    b, bs = keys.shape[0], pages.page_size
     s, kh = kv_tokens_heads(keys.shape, layout)
-    if not isinstance(page_size, int) or page_size < 1:
-        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
-    if d % (8 // bits):
-        raise ValueError(f"head_dim ({d}) must be a multiple of {8 // bits} for {bits}-bit packing")
-    if jnp.dtype(residual_dtype) not in [jnp.dtype(t) for t in _RESIDUAL_DTYPES]:
-        raise ValueError(f"residual_dtype must be one of float32, bfloat16, float8_e4m3fn; got {residual_dtype}")
+    if pages.scales.shape != (b, kh, s // bs, keys.shape[3]):
+        raise ValueError(f"pages (scales {pages.scales.shape}, page size {bs}) do not match keys {keys.shape} "
+                         f"({layout})")
     lengths = jnp.asarray(lengths, jnp.int32)
     if lengths.shape != (b,):
         raise ValueError(f"lengths must have shape ({b},), got {lengths.shape}")
-    p = s // page_size
-
-    def head_major(x):  # [b, s, k, d] or [b, k, s, d] -> [b, k, p, bs, d]
-        if token_axis == 2:
-            return x[:, :, : p * page_size].reshape(b, kh, p, page_size, d)
-        return x[:, : p * page_size].reshape(b, p, page_size, kh, d).transpose(0, 3, 1, 2, 4)
-
-    pages = head_major(keys.astype(jnp.float32))
-    codes, scales = quantize_pages(pages, bits)
-    residual = (pages - dequantize_pages(codes, scales, bits)).astype(residual_dtype)
-    full = lengths // page_size
-    page_min, page_max = quest_bounds(pages)
-    scan = _int8_scan_keys(codes, scales, bits) if scan_keys else (None, None, None)
-    return FFDCache(codes=pack_codes(codes, bits), scales=scales, residual=residual, values=head_major(values),
-                    current_keys=_current_page(keys, full, lengths, page_size, token_axis),
-                    current_values=_current_page(values, full, lengths, page_size, token_axis), lengths=lengths,
-                    page_min=page_min, page_max=page_max, scan_keys=scan[0], scan_scales=scan[1], scan_l1=scan[2])
+    full = lengths // bs
+    return FFDCache(codes=pages.codes, scales=pages.scales, residual=pages.residual,
+                    values=head_major_pages(values, bs, layout),
+                    current_keys=_current_page(keys, full, lengths, bs, token_axis),
+                    current_values=_current_page(values, full, lengths, bs, token_axis), lengths=lengths,
+                    page_min=pages.page_min, page_max=pages.page_max, scan_keys=pages.scan_keys,
+                    scan_scales=pages.scan_scales, scan_l1=pages.scan_l1)
 
 
 def _int8_scan_keys(codes: jax.Array, scales: jax.Array, bits: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -449,19 +584,25 @@ def pages_partial(q: jax.Array, cache: FFDCache, attend: jax.Array, *, use_resid
     codes, scales, residual and values hold only the selected pages. Returns ``AttentionOutput(out
     [b, h, d] float32, lse [b, h] natural log, -inf where nothing is attended)``.
     """
-    b, h, d = q.shape
-    kh, p, bs = cache.scales.shape[1], cache.codes.shape[2], cache.page_size
     qg = _grouped(q, cache)
-    tau = LOG2E / math.sqrt(d)
+    tau = LOG2E / math.sqrt(q.shape[-1])
     scores = scan_scores(q, cache)  # [b, k, g, p, t]
     if use_residual:
         scores = scores + tau * jnp.einsum("bkgd,bkptd->bkgpt", qg, cache.residual.astype(jnp.float32))
-    scores = jnp.where(attend[:, :, None, :, None], scores, -jnp.inf).reshape(b, kh, h // kh, p * bs)
+    return _masked_partial(q, scores, attend, cache.values)
+
+
+def _masked_partial(q: jax.Array, scores: jax.Array, attend: jax.Array, values: jax.Array) -> AttentionOutput:
+    """Softmax partial of base-2 ``scores`` [b, k, g, p, bs] over the pages marked in ``attend`` [b, k, p]
+    with ``values`` [b, k, p, bs, d] (see :func:`pages_partial`)."""
+    b, h, d = q.shape
+    kh, g, p, bs = scores.shape[1:]
+    scores = jnp.where(attend[:, :, None, :, None], scores, -jnp.inf).reshape(b, kh, g, p * bs)
     m = jnp.max(scores, axis=-1, keepdims=True, initial=-jnp.inf)  # initial: no pages (p = 0)
     m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
     w = jnp.exp2(scores - m_safe)
     l_pages = jnp.sum(w, axis=-1)
-    v_pages = cache.values.astype(jnp.float32).reshape(b, kh, p * bs, d)
+    v_pages = values.astype(jnp.float32).reshape(b, kh, p * bs, d)
     o_pages = jnp.einsum("bkgs,bksd->bkgd", w, v_pages) / jnp.maximum(l_pages, 1e-30)[..., None]
     lse = jnp.where(l_pages > 0, (m_safe[..., 0] + jnp.log2(jnp.maximum(l_pages, 1e-30))) / LOG2E, -jnp.inf)
     return AttentionOutput(o_pages.reshape(b, h, d), lse.reshape(b, h))
@@ -646,8 +787,10 @@ def int8_page_maxima(q: jax.Array, cache: FFDCache) -> tuple[jax.Array, jax.Arra
     g = u.shape[2]
     a = jnp.max(jnp.abs(u), axis=-1) / 127.0  # [b, k, g]
     q8 = jnp.clip(jnp.round(u / jnp.where(a > 0, a, 1.0)[..., None]), -127, 127).astype(jnp.int8)
+    if g == 1:  # XLA's CPU int8 matrix-vector product converts the keys to int32 first (6x slower): add a zero row
+        q8 = jnp.pad(q8, ((0, 0), (0, 0), (0, 1), (0, 0)))
     dot = jnp.einsum("bksd,bkgd->bksg", cache.scan_keys.reshape(b, kh, p * bs, d), q8,
-                     preferred_element_type=jnp.int32)  # [b, k, s, g]
+                     preferred_element_type=jnp.int32)[..., :g]  # [b, k, s, g]
     best = jnp.moveaxis(jnp.max(dot.reshape(b, kh, p, bs, g), axis=3), 3, 2).astype(jnp.float32)  # [b, k, g, p]
     scale = cache.scan_scales[:, :, None, :]  # [b, k, 1, p]
     u1 = jnp.sum(jnp.abs(u), axis=-1)[..., None]  # [b, k, g, 1]
@@ -686,6 +829,29 @@ def _pages_at(x: jax.Array, flat: jax.Array) -> jax.Array:
     out = jnp.take(raw.reshape((b * kh * p,) + x.shape[3:]), rows, axis=0, mode="clip")
     out = out.reshape(flat.shape + x.shape[3:])
     return jax.lax.bitcast_convert_type(out, x.dtype) if fp8 else out
+
+
+def _exact_keys_decode(q: jax.Array, cache: FFDCache, keys: jax.Array, th: jax.Array) -> GatheredOutput:
+    """FFD over every page from their exact keys ``keys`` [b, k, p, bs, d] (a float32 residual).
+
+    The scan scores are ``q . K - q . R`` (``Khat = K - R``), two dense products instead of unpacking
+    every page's codes (which XLA on CPU does not fuse into a product); the kept pages attend with
+    ``q . K``, the refined score. Same selection and output as :func:`ffd_decode` up to float32
+    rounding of the scores.
+    """
+    qg = _grouped(q, cache)  # [b, k, g, d]
+    b, kh, p, bs, d = keys.shape
+    tau = LOG2E / math.sqrt(d)
+
+    def scores(x):  # keys first: the order XLA's CPU dot reads without a transposed copy
+        dot = jnp.einsum("bksd,bkgd->bksg", x.astype(jnp.float32).reshape(b, kh, p * bs, d), qg)
+        return tau * jnp.moveaxis(dot, 3, 2).reshape(b, kh, -1, p, bs)  # [b, k, g, p, bs]
+
+    exact = scores(keys)
+    m = page_maxima(exact - scores(cache.residual), cache)  # [b, k, g, p]
+    keep = jnp.any(m >= th[..., None], axis=2) & cache.valid_pages[:, None, :]
+    merged = merge_partials(q, [_masked_partial(q, exact, keep, cache.values), current_partial(q, cache)])
+    return GatheredOutput(merged.out, merged.lse, keep, jnp.zeros((b, kh), jnp.int32))
 
 
 def _exact_scan_decode(q, cache, th, capacity, use_residual, chunk_pages) -> GatheredOutput:
@@ -743,7 +909,8 @@ def _candidates_decode(q: jax.Array, cache: FFDCache, cand: jax.Array, priority:
 
 
 def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capacity: int | None = None,
-                    use_residual: bool = True, chunk_pages: int | None = None) -> GatheredOutput:
+                    use_residual: bool = True, chunk_pages: int | None = None,
+                    fallback_capacity: int | None = None, keys: jax.Array | None = None) -> GatheredOutput:
     """FFD on XLA without the kernel (the CPU path): int8 scan, exact check of candidates, gathered attention.
 
     Dimension legend: ``b`` batch, ``h = k g`` query heads over ``k`` KV heads, ``p`` pages of ``bs``
@@ -765,7 +932,10 @@ def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capaci
     If a sequence has more than ``c`` candidates, the whole call falls back (``lax.cond``, only one
     branch runs) to the exact float scan of every page followed by :func:`gathered_decode` with ``c``
     pages per KV head, so the result never depends on the int8 approximation. Without
-    ``scan_keys`` that exact path is the only one.
+    ``scan_keys`` that exact path is the only one. Given the pages' exact ``keys`` (an incremental KV
+    cache holds them), the fallback instead scores every page from them (``q . K - q . R``, no
+    unpacking) and attends to every kept page: about the cost of a dense decode step, and FFD's
+    result whatever the selection's size.
 
     Args:
       q: [b, h, d] queries; cache: the FFD cache.
@@ -774,20 +944,36 @@ def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capaci
         (the exact fallback: per KV head). Default: every page of every KV head.
       use_residual: refine kept pages with the residual.
       chunk_pages: scan chunk of the exact fallback (see :func:`chunked_page_maxima`).
+      fallback_capacity: pages per KV head the exact fallback gathers (default ``capacity``); the
+        page count ``p`` makes the fallback FFD's exact result whatever the selection's size.
+      keys: None, or the exact keys of the page slots [b, k, p, bs, d] (:func:`head_major_pages` of
+        the dense cache; the residual must be float32): the exact fallback then scores every page
+        from them (``fallback_capacity`` and ``use_residual=False`` do not apply to it).
 
     Returns:
       :class:`GatheredOutput`. Same selection as :func:`top_delta_keep`; ``out`` equals
-      :func:`ffd_decode` whenever ``capacity`` covers the candidates (else the exact fallback keeps
-      at most ``c`` pages per KV head: those with the lowest scan maxima are dropped and counted in
-      ``overflow``).
+      :func:`ffd_decode` whenever ``capacity`` covers the candidates or ``fallback_capacity`` the
+      selection (else the exact fallback keeps at most ``fallback_capacity`` pages per KV head: those
+      with the lowest scan maxima are dropped and counted in ``overflow``).
     """
     kh, p = cache.scales.shape[1], cache.num_pages
     cap_in = max(kh * p, 1) if capacity is None else capacity
     if not isinstance(cap_in, int) or cap_in < 1:
         raise ValueError(f"capacity must be a positive int (pages per sequence), got {capacity!r}")
+    fallback = cap_in if fallback_capacity is None else fallback_capacity
+    if not isinstance(fallback, int) or fallback < 1:
+        raise ValueError(f"fallback_capacity must be a positive int (pages per KV head), got {fallback_capacity!r}")
+    if keys is not None:
+        if keys.shape != cache.residual.shape or cache.residual.dtype != jnp.float32:
+            raise ValueError(f"keys must have the pages' shape {cache.residual.shape} with a float32 residual; got "
+                             f"keys {keys.shape}, residual {cache.residual.dtype}")
+        if not use_residual:
+            raise ValueError("keys (the exact-keys fallback) attends with the exact keys: use_residual must be True")
     if cache.scan_keys is None or p == 0:
         th = reference_threshold(q, cache, delta)
-        return _exact_scan_decode(q, cache, th, cap_in, use_residual, chunk_pages)
+        if keys is not None:
+            return _exact_keys_decode(q, cache, keys, th)
+        return _exact_scan_decode(q, cache, th, fallback, use_residual, chunk_pages)
     cand, priority, th = scan_candidates(q, cache, delta)
     cap = min(cap_in, kh * p)
 
@@ -795,7 +981,9 @@ def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capaci
         return _candidates_decode(q, cache, cand, priority, th, cap, use_residual)
 
     def exact(_):
-        return _exact_scan_decode(q, cache, th, cap_in, use_residual, chunk_pages)
+        if keys is not None:
+            return _exact_keys_decode(q, cache, keys, th)
+        return _exact_scan_decode(q, cache, th, fallback, use_residual, chunk_pages)
 
     overflowing = jnp.any(jnp.sum(cand, axis=(1, 2)) > cap)
     return jax.lax.cond(overflowing, exact, sparse, None)

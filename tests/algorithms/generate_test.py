@@ -145,3 +145,25 @@ def test_generate_with_ffd_decode(delta, equal):
         np.testing.assert_array_equal(ffd.tokens, dense.tokens)
     else:   # delta=0 drops every page below the reference maximum: this untrained model's tokens change
         assert ffd.tokens.shape == dense.tokens.shape and not np.array_equal(ffd.tokens, dense.tokens)
+
+
+@pytest.mark.parametrize("delta, gather_fraction, kv_layout, selector", [
+    (1.0, 0.25, "bksd", "top_delta"), (3.0, 0.1, "bskd", "top_delta"), (float("inf"), 0.25, "bksd", "top_delta"),
+    (5.0, 0.25, "bskd", "quest")])
+def test_ffd_generate_with_quantized_pages_equals_requantizing_every_step(delta, gather_fraction, kv_layout,
+                                                                          selector):
+    """The FFD page slots of `init_cache` (pages quantized once, CPU fast path) give the tokens and log
+    probabilities of a cache without them (every page quantized at every step, reference path)."""
+    ffd_cfg = FFDConfig(page_size=4, delta=delta, gather_fraction=gather_fraction, selector=selector,
+                        kept_fraction=0.5)
+    cfg = TransformerConfig(vocab_size=VOCAB, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=48,
+                            head_dim=16, attention=AttentionConfig(decode="ffd", ffd=ffd_cfg, kv_layout=kv_layout))
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    prompts = jnp.asarray(np.random.default_rng(5).integers(0, VOCAB, (2, 37)), jnp.int32)
+    lengths = jnp.array([37, 30])
+    paged = model.init_cache(2, 37 + 9)  # rounded up to whole pages: 48 tokens
+    assert paged.capacity == 48 and paged.pages is not None and paged.pages[0].num_pages == 12
+    fast = generate(model, prompts, prompt_lengths=lengths, max_new_tokens=9, cache=paged)
+    slow = generate(model, prompts, prompt_lengths=lengths, max_new_tokens=9, cache=paged.replace(pages=None))
+    np.testing.assert_array_equal(fast.tokens, slow.tokens)
+    np.testing.assert_allclose(fast.logprobs, slow.logprobs, atol=1e-5)

@@ -50,6 +50,8 @@ CASES = [
                  r"attention\.ffd\.page_size must be an int; got 16\.0 \(float\)", id="config-float-ffd-page_size"),
     pytest.param(lambda: FFDConfig(kept_fraction=0.0), ValueError,
                  r"attention\.ffd\.kept_fraction must be in \(0, 1\]; got 0\.0", id="config-zero-ffd-kept_fraction"),
+    pytest.param(lambda: FFDConfig(gather_fraction=1.5), ValueError,
+                 r"attention\.ffd\.gather_fraction must be in \(0, 1\]; got 1\.5", id="config-ffd-gather_fraction"),
     pytest.param(lambda: AttentionConfig(decode="sparse"), ValueError,
                  r"attention\.decode must be one of \('dense', 'kernel', 'ffd'\); got 'sparse'",
                  id="config-attention-decode"),

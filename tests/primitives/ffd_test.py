@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models.kv_cache import write_tokens
 from primitives import ffd
 
 B, S, KH, G, D, BS = 2, 200, 2, 3, 16, 16
@@ -288,6 +289,36 @@ def test_fast_path_overflow_and_cache_without_scan_keys():
         ffd.int8_page_maxima(q, bare)
 
 
+@pytest.mark.parametrize("group", [1, 2])  # one query head per KV head: the int8 scan's padded product
+@pytest.mark.parametrize("delta", [2.0, 6.0, math.inf])
+def test_fast_path_with_exact_keys_equals_reference(group, delta):
+    """Given the pages' exact keys, the overflow fallback scores every page as q.K - q.R and keeps FFD's
+    selection and output at any capacity (capacity 1 forces it; the candidate count takes the sparse branch)."""
+    kq, kk, kv = jax.random.split(jax.random.key(7), 3)
+    b, s, kh, d, bs = 2, 300, 2, 32, 16
+    q = 2.0 * jax.random.normal(kq, (b, kh * group, d))
+    keys = jax.random.normal(kk, (b, s, kh, d))
+    u = q.reshape(b, kh, group, d).mean(2)
+    keys = keys.at[:, :3].add(1.5 * u[:, None]).at[:, 150:152].add(1.2 * u[:, None])
+    values, lengths = jax.random.normal(kv, (b, s, kh, d)), jnp.array([300, 221])
+    c = ffd.build_cache(keys, values, lengths, page_size=bs)
+    pages = ffd.head_major_pages(keys, bs)
+    want = ffd.ffd_decode(q, c, delta=delta)
+    n_cand = int(jnp.max(jnp.sum(ffd.scan_candidates(q, c, delta)[0], (1, 2))))
+    for cap in sorted({1, max(n_cand, 1)}):
+        got = jax.jit(lambda q, c, k: ffd.fast_ffd_decode(q, c, delta=delta, capacity=cap, keys=k))(q, c, pages)
+        np.testing.assert_array_equal(got.keep, want.keep, err_msg=f"capacity {cap}")
+        np.testing.assert_allclose(got.out, want.out, atol=1e-5, err_msg=f"capacity {cap}")
+        np.testing.assert_allclose(got.lse, want.lse, atol=1e-5, err_msg=f"capacity {cap}")
+        np.testing.assert_array_equal(got.overflow, 0)
+    if math.isfinite(delta):
+        assert 1 < n_cand and int(jnp.max(jnp.sum(want.keep, -1))) < c.num_pages  # both branches, not trivial
+    with pytest.raises(ValueError, match="float32 residual"):
+        ffd.fast_ffd_decode(q, c._replace(residual=c.residual.astype(jnp.bfloat16)), keys=pages)
+    with pytest.raises(ValueError, match="keys must have"):
+        ffd.fast_ffd_decode(q, c, keys=pages[:, :, 1:])
+
+
 def _sharp_inputs():
     kk, kv = jax.random.split(jax.random.key(6))
     return jax.random.normal(kk, (1, 40, 1, 8)), jax.random.normal(kv, (1, 40, 1, 8)), jnp.array([37])
@@ -307,3 +338,65 @@ def test_a_cache_shorter_than_one_page_attends_exactly_to_its_current_page():
     want = attention.decode_attention(q, keys, values, lengths)
     for out in (ffd.ffd_decode(q, cache).out, ffd.fast_ffd_decode(q, cache).out, kernel_ffd(q, cache).out):
         np.testing.assert_allclose(out, want, atol=1e-5)
+
+
+def _valid_pages_equal(got: ffd.FFDCache, want: ffd.FFDCache):
+    """Every field of the valid (full) pages and the current page equal (integers exactly, floats to
+    float32 rounding: XLA may compute a division as a product with the reciprocal in one and not the other)."""
+    full = np.asarray(want.full_pages)
+    for name in ("codes", "scales", "residual", "page_min", "page_max", "scan_keys", "scan_scales", "scan_l1",
+                 "values"):
+        g, w = getattr(got, name), getattr(want, name)
+        assert (g is None) == (w is None), name
+        for row, n in enumerate(full):
+            if g is not None:
+                np.testing.assert_allclose(np.asarray(g[row, :, :n], np.float32), np.asarray(w[row, :, :n], np.float32),
+                                           rtol=1e-6, atol=0, err_msg=name)
+    for name in ("current_keys", "current_values", "lengths"):
+        np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), err_msg=name)
+
+
+@pytest.mark.parametrize("layout,bits,residual_dtype", [("bskd", 2, jnp.float32), ("bksd", 4, jnp.bfloat16),
+                                                        ("bksd", 2, jnp.float8_e4m3fn)])
+def test_incremental_pages_equal_a_rebuild_through_appends_and_rollback(layout, bits, residual_dtype):
+    """update_pages after each append (padded prefill, one-token steps across page ends, wide appends,
+    a rollback re-filled with other tokens) leaves paged_cache equal to build_cache of the dense cache."""
+    b, s, kh, d, bs = 2, 45, 2, 8, 4  # 11 page slots; s not a multiple of bs
+    keys = jnp.zeros((b, s, kh, d) if layout == "bskd" else (b, kh, s, d))
+    values = jnp.zeros_like(keys)
+    pages = ffd.init_pages(b, kh, s, d, page_size=bs, bits=bits, residual_dtype=residual_dtype)
+    lengths = jnp.zeros((b,), jnp.int32)
+    rng = np.random.default_rng(0)
+    # (tokens written, valid tokens per row): a right-padded prefill, steps, verification-style appends
+    # (row 0 goes 10 -> 16: two pages completed by 6 tokens, the most a window of 6 // 4 + 1 holds).
+    appends = [(7, [5, 7]), (1, [1, 1]), (1, [1, 1]), (1, [1, 1]), (6, [6, 2]), ("rollback", [10, 12]), (6, [6, 6]),
+               (12, [12, 12]), (1, [1, 1]), (16, [16, 14])]
+    for width, valid in appends:
+        if width == "rollback":
+            lengths = jnp.minimum(lengths, jnp.asarray(valid, jnp.int32))
+            continue
+        new_k = jnp.asarray(rng.normal(size=(b, width, kh, d)), jnp.float32)
+        new_v = jnp.asarray(rng.normal(size=(b, width, kh, d)), jnp.float32)
+        keys = write_tokens(keys, new_k, lengths, layout=layout)
+        values = write_tokens(values, new_v, lengths, layout=layout)
+        new_lengths = lengths + jnp.asarray(valid, jnp.int32)
+        pages = jax.jit(ffd.update_pages, static_argnames=("max_new_tokens", "layout"))(
+            pages, keys, lengths, new_lengths, max_new_tokens=width, layout=layout)
+        lengths = new_lengths
+        want = ffd.build_cache(keys, values, lengths, page_size=bs, bits=bits, residual_dtype=residual_dtype,
+                               layout=layout)
+        _valid_pages_equal(ffd.paged_cache(pages, keys, values, lengths, layout=layout), want)
+    assert int(lengths.max()) == s  # the last append ran into the capacity (its window's last slot dropped)
+
+
+def test_paged_cache_and_update_pages_reject_mismatched_pages():
+    pages = ffd.init_pages(1, 2, 32, 8, page_size=8)
+    keys = jnp.zeros((1, 32, 3, 8))  # 3 KV heads, pages have 2
+    with pytest.raises(ValueError, match="do not match"):
+        ffd.paged_cache(pages, keys, keys, jnp.array([4]))
+    with pytest.raises(ValueError, match="do not match"):
+        ffd.update_pages(pages, keys, jnp.array([0]), jnp.array([4]), max_new_tokens=4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        ffd.update_pages(pages, jnp.zeros((1, 32, 2, 8)), jnp.array([0]), jnp.array([4]), max_new_tokens=0)
+    with pytest.raises(ValueError, match="residual_dtype"):
+        ffd.init_pages(1, 2, 32, 8, page_size=8, residual_dtype=jnp.int8)
