@@ -16,6 +16,14 @@ token, with compilation and the prompt step excluded. Beside it, the roofline: t
 step must read (every layer's K and V up to the context, plus every weight) over the read bandwidth
 measured in the same run (a 1 GiB reduction, ``pallas_kernels.bench.read_bandwidth``).
 
+``ffd_generate``: FFD decoding end to end. ``generate`` on the constructed induction LM
+(``models.induction``: 2 layers, 2 heads of 128, vocab 16384) over a span-copy prompt (distinct items,
+then ``QUERY x``) at 8k and 16k tokens: ms per decode token (two generation lengths after one prefill)
+of dense decoding, FFD at ``delta`` with the cache's quantized pages (``KVCache.pages``: each page
+quantized once; the CPU fast path) and FFD on a cache without pages (every page quantized at every
+step), interleaved; with FFD's kept page fraction per layer on the first decode step, whether the
+three generate the same tokens, and their copy accuracy.
+
 ``moe``: the MoE FFN (``models.moe.MoEFFN``, top-2 of E=8 and E=32 SwiGLU experts, 2048 tokens, D=256,
 f=512): the forward through the grouped matmul (``"xla"``, i.e. ``jax.lax.ragged_dot``, and the
 ``"xla_tiled"`` per-group padded batched matmul) against every expert on every token combined with the
@@ -32,7 +40,10 @@ import numpy as np
 from flax import nnx
 
 from algorithms.decoding import generate
+from experiments.ffd import with_decode
+from experiments.tasks.span_copy import SpanCopyTask
 from models import MoEConfig, Transformer, TransformerConfig
+from models.induction import InductionSpec, fingerprint, induction_lm
 from models.moe import MoEFFN, dense_moe_reference
 from pallas_kernels import bench as kb
 from pallas_kernels.grouped_matmul import cost as gmm_cost_lib
@@ -92,6 +103,49 @@ def _print_generate(res: dict) -> None:
     for r in res["rows"]:
         print(f"{r['context']:>8}{r['layout']:>7}{r['ms_per_token']:>10.2f}{r['tokens_per_s']:>10.1f}"
               f"{r['kv_mbytes']:>8.0f}{r['weight_mbytes']:>11.0f}{r['roofline_ms']:>12.2f}{r['x_roofline']:>11.2f}")
+
+
+def bench_ffd_generate(contexts=(8192, 16000), new_tokens=(4, 20), repeats: int = 3, *, delta: float = 5.0,
+                       page_size: int = 64, vocab_size: int = 16384) -> dict:
+    """Decode ms per token of `generate` on the induction LM: dense, FFD with pages, FFD re-quantizing."""
+    dense = induction_lm(InductionSpec(vocab_size=vocab_size))
+    ffd = with_decode(dense, "ffd", delta=float(delta), page_size=page_size)
+    n1, n2 = new_tokens
+    rows = []
+    for context in contexts:
+        task = SpanCopyTask(vocab_size=vocab_size).prompts(0, batch_size=1, context_len=context, answer_len=n2)
+        prompts = jnp.asarray(task["prompts"])
+        graphdef, state = nnx.split(ffd)
+        prefill = jax.jit(lambda s, p, c: nnx.merge(graphdef, s)(p, cache=c).cache)
+        paged = prefill(state, prompts[:, :-1], ffd.init_cache(1, context + n2))  # all but x: generate appends it
+        caches = {"dense": (dense, paged.replace(pages=None)), "ffd_pages": (ffd, paged),
+                  "ffd_requantize": (ffd, paged.replace(pages=None))}
+        calls = {(name, n): (lambda m=m, c=c, n=n: generate(m, prompts[:, -1:], max_new_tokens=n, cache=c).tokens)
+                 for name, (m, c) in caches.items() for n in (n1, n2)}
+        times = kb._timed(calls, repeats)
+        ms = {name: (times[(name, n2)] - times[(name, n1)]) / (n2 - n1) * 1e3 for name in caches}
+        tokens = {name: np.asarray(calls[(name, n2)]())[0] for name in caches}
+        step = nnx.merge(graphdef, state)(prompts[:, -1:], cache=paged)
+        rows.append({"context": context, "pages": paged.pages[0].num_pages, "ms_per_token": ms,
+                     "vs_dense": {name: ms[name] / ms["dense"] for name in caches},
+                     "kept_per_layer": [float(x) for x in step.intermediates["ffd_kept_fraction"]],
+                     "same_tokens": bool(all(np.array_equal(t, tokens["dense"]) for t in tokens.values())),
+                     "copy_accuracy": {name: float(np.mean(t == task["answers"][0])) for name, t in tokens.items()}})
+        del paged, caches
+    return {"model": f"induction LM {fingerprint(dense)}", "delta": delta, "page_size": page_size,
+            "gather_fraction": ffd.config.attention.ffd.gather_fraction, "new_tokens": list(new_tokens), "rows": rows}
+
+
+def _print_ffd_generate(res: dict) -> None:
+    print(f"\nFFD decoding end to end ({res['model']}, span copy, delta={res['delta']}, pages of {res['page_size']}; "
+          f"ms per decode token, tokens {res['new_tokens'][0]} vs {res['new_tokens'][1]})")
+    print(f"{'context':>8}{'dense':>8}{'FFD pages':>11}{'FFD requant':>13}{'pages/dense':>13}{'kept per layer':>16}"
+          f"{'same tokens':>13}{'accuracy':>10}")
+    for r in res["rows"]:
+        ms, kept = r["ms_per_token"], "/".join(f"{k:.1%}" for k in r["kept_per_layer"])
+        print(f"{r['context']:>8}{ms['dense']:>8.2f}{ms['ffd_pages']:>11.2f}{ms['ffd_requantize']:>13.2f}"
+              f"{r['vs_dense']['ffd_pages']:>13.2f}{kept:>16}{str(r['same_tokens']):>13}"
+              f"{r['copy_accuracy']['ffd_pages']:>10.0%}")
 
 
 def bench_moe(expert_counts=(8, 32), repeats: int = 5, *, tokens: int = 2048, d_model: int = 256,
@@ -156,7 +210,13 @@ def _run_moe(args) -> dict:
     return {"moe": rows}
 
 
-SECTIONS = {**kb.SECTIONS, "generate": _run_generate, "moe": _run_moe}
+def _run_ffd_generate(args) -> dict:
+    res = bench_ffd_generate()
+    _print_ffd_generate(res)
+    return {"ffd_generate": res}
+
+
+SECTIONS = {**kb.SECTIONS, "generate": _run_generate, "ffd_generate": _run_ffd_generate, "moe": _run_moe}
 
 
 def _arguments(parser) -> None:

@@ -45,3 +45,15 @@ def test_merged_output_dates_each_section(tmp_path):
     assert saved == res and saved["old"] == [1] and saved["a"] == [2] and "b" not in saved
     today = time.strftime("%Y-%m-%d")
     assert saved["dates"] == {"old": "2020-01-01", "a": today, "a_extra": today} and saved["date"] == today
+
+
+def test_ffd_generate_rows():
+    """Tiny: 256 tokens in pages of 16; FFD with pages and re-quantizing generate the same tokens (the
+    induction LM copies exactly, dense included)."""
+    res = bench.bench_ffd_generate(contexts=(256,), new_tokens=(2, 4), repeats=1, page_size=16, vocab_size=512)
+    (row,) = res["rows"]
+    assert set(row["ms_per_token"]) == {"dense", "ffd_pages", "ffd_requantize"}
+    assert row["pages"] == 17  # capacity 256 + 4 rounded up to whole pages
+    assert row["same_tokens"] and row["copy_accuracy"]["dense"] == 1.0
+    assert len(row["kept_per_layer"]) == 2 and all(0 < k <= 1 for k in row["kept_per_layer"])
+    np.testing.assert_allclose(row["vs_dense"]["ffd_pages"], row["ms_per_token"]["ffd_pages"] / row["ms_per_token"]["dense"])
