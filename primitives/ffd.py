@@ -811,9 +811,13 @@ def scan_candidates(q: jax.Array, cache: FFDCache, delta: float) -> tuple[jax.Ar
     """
     th = reference_threshold(q, cache, delta)  # [b, k, g]
     m, err = int8_page_maxima(q, cache)
+    return _candidates(cache, th, m, err) + (th,)
+
+
+def _candidates(cache: FFDCache, th: jax.Array, m: jax.Array, err: jax.Array) -> tuple[jax.Array, jax.Array]:
     upper = m + err
     cand = jnp.any(upper >= th[..., None], axis=2) & cache.valid_pages[:, None, :]
-    return cand, jnp.max(upper, axis=2), th
+    return cand, jnp.max(upper, axis=2)
 
 
 def _pages_at(x: jax.Array, flat: jax.Array) -> jax.Array:
@@ -831,6 +835,41 @@ def _pages_at(x: jax.Array, flat: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(out, x.dtype) if fp8 else out
 
 
+def _keys_scores(q: jax.Array, cache: FFDCache, x: jax.Array) -> jax.Array:
+    """Base-2 scores ``tau log2(e) q . x`` [b, k, g, p, bs] of key pages ``x`` [b, k, p, bs, d], keys first
+    (the order XLA's CPU dot reads without a transposed copy)."""
+    b, kh, p, bs, d = x.shape
+    dot = jnp.einsum("bksd,bkgd->bksg", x.astype(jnp.float32).reshape(b, kh, p * bs, d), _grouped(q, cache))
+    return LOG2E / math.sqrt(d) * jnp.moveaxis(dot, 3, 2).reshape(b, kh, -1, p, bs)
+
+
+def _settled(cache: FFDCache, th: jax.Array, m: jax.Array, err: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(sure, unsure)`` [b, k, p]: pages the int8 bounds keep (lower bound ``m - err`` reaches the
+    threshold for some head) and pages they leave open (not sure; upper bound reaches it)."""
+    valid = cache.valid_pages[:, None, :]
+    sure = jnp.any(m - err >= th[..., None], axis=2) & valid
+    return sure, jnp.any(m + err >= th[..., None], axis=2) & valid & ~sure
+
+
+def _sorted_keys_decode(q: jax.Array, cache: FFDCache, keys: jax.Array, th: jax.Array, m: jax.Array,
+                        err: jax.Array, capacity: int) -> GatheredOutput:
+    """FFD over every page from their exact keys, selection settled by the int8 bounds where they can.
+
+    A page whose int8 lower bound ``m - err`` reaches the threshold for some head is kept, one whose
+    upper bound misses it for every head is dropped; the exact scan decides only the pages in
+    between (at most ``capacity`` per sequence, gathered). The kept pages attend with ``q . K``:
+    a dense decode step's reads (keys and values) plus the scan, where :func:`_exact_keys_decode`
+    also reads the residual.
+    """
+    sure, unsure = _settled(cache, th, m, err)
+    b, kh, p = sure.shape
+    flat, _, _, _, _, checked = _check_slots(q, cache, unsure, jnp.max(m + err, axis=2), th, capacity)
+    keep = sure | jnp.zeros((b, kh * p), bool).at[jnp.arange(b)[:, None], flat].max(checked).reshape(b, kh, p)
+    merged = merge_partials(q, [_masked_partial(q, _keys_scores(q, cache, keys), keep, cache.values),
+                                current_partial(q, cache)])
+    return GatheredOutput(merged.out, merged.lse, keep, jnp.zeros((b, kh), jnp.int32))
+
+
 def _exact_keys_decode(q: jax.Array, cache: FFDCache, keys: jax.Array, th: jax.Array) -> GatheredOutput:
     """FFD over every page from their exact keys ``keys`` [b, k, p, bs, d] (a float32 residual).
 
@@ -839,16 +878,9 @@ def _exact_keys_decode(q: jax.Array, cache: FFDCache, keys: jax.Array, th: jax.A
     ``q . K``, the refined score. Same selection and output as :func:`ffd_decode` up to float32
     rounding of the scores.
     """
-    qg = _grouped(q, cache)  # [b, k, g, d]
-    b, kh, p, bs, d = keys.shape
-    tau = LOG2E / math.sqrt(d)
-
-    def scores(x):  # keys first: the order XLA's CPU dot reads without a transposed copy
-        dot = jnp.einsum("bksd,bkgd->bksg", x.astype(jnp.float32).reshape(b, kh, p * bs, d), qg)
-        return tau * jnp.moveaxis(dot, 3, 2).reshape(b, kh, -1, p, bs)  # [b, k, g, p, bs]
-
-    exact = scores(keys)
-    m = page_maxima(exact - scores(cache.residual), cache)  # [b, k, g, p]
+    b, kh = keys.shape[:2]
+    exact = _keys_scores(q, cache, keys)
+    m = page_maxima(exact - _keys_scores(q, cache, cache.residual), cache)  # [b, k, g, p]
     keep = jnp.any(m >= th[..., None], axis=2) & cache.valid_pages[:, None, :]
     merged = merge_partials(q, [_masked_partial(q, exact, keep, cache.values), current_partial(q, cache)])
     return GatheredOutput(merged.out, merged.lse, keep, jnp.zeros((b, kh), jnp.int32))
@@ -861,6 +893,27 @@ def _exact_scan_decode(q, cache, th, capacity, use_residual, chunk_pages) -> Gat
     return gathered_decode(q, cache, keep, jnp.max(m, axis=2), capacity=capacity, use_residual=use_residual)
 
 
+def _check_slots(q: jax.Array, cache: FFDCache, pages: jax.Array, priority: jax.Array, th: jax.Array, capacity: int):
+    """The exact scan of the ``capacity`` best of ``pages`` [b, k, p] (by ``priority``) of each sequence.
+
+    Returns ``(flat [b, c] slot indices head * p + page, usable [b, c] the slot holds one of pages,
+    head [b, c] its KV head, q_slot [b, c, g, d] its queries, shat [b, c, g, bs] its exact base-2 scan
+    scores (the reference formula), keep [b, c] its page reaches the threshold for some head)``.
+    """
+    b, kh, p = pages.shape
+    d = q.shape[-1]
+    _, flat = jax.lax.top_k(jnp.where(pages, priority, -jnp.inf).reshape(b, kh * p), capacity)  # [b, c]
+    usable = jnp.take_along_axis(pages.reshape(b, kh * p), flat, axis=-1)
+    head = flat // p
+    q_slot = jnp.take_along_axis(_grouped(q, cache), head[:, :, None, None], axis=1)  # [b, c, g, d]
+    # The reference scan on a cache of one page per slot, the slot standing in for its KV head.
+    slots = cache._replace(codes=_pages_at(cache.codes, flat)[:, :, None],
+                           scales=_pages_at(cache.scales, flat)[:, :, None])
+    shat = scan_scores(q_slot.reshape(b, -1, d), slots)[:, :, :, 0]  # [b, c, g, bs]
+    keep = jnp.any(jnp.max(shat, axis=-1) >= jnp.take_along_axis(th, head[:, :, None], axis=1), axis=-1) & usable
+    return flat, usable, head, q_slot, shat, keep
+
+
 def _candidates_decode(q: jax.Array, cache: FFDCache, cand: jax.Array, priority: jax.Array, th: jax.Array,
                        capacity: int, use_residual: bool) -> GatheredOutput:
     """FFD over the ``capacity`` best candidate pages of each sequence, its KV heads pooled.
@@ -871,17 +924,9 @@ def _candidates_decode(q: jax.Array, cache: FFDCache, cand: jax.Array, priority:
     """
     b, kh, p = cand.shape
     bs, d = cache.page_size, q.shape[-1]
-    _, flat = jax.lax.top_k(jnp.where(cand, priority, -jnp.inf).reshape(b, kh * p), capacity)  # [b, c]
-    usable = jnp.take_along_axis(cand.reshape(b, kh * p), flat, axis=-1)
-    head = flat // p
+    flat, usable, head, q_slot, shat, keep = _check_slots(q, cache, cand, priority, th, capacity)
     qg = _grouped(q, cache)  # [b, k, g, d]
-    q_slot = jnp.take_along_axis(qg, head[:, :, None, None], axis=1)  # [b, c, g, d]
     tau = LOG2E / math.sqrt(d)
-    # The reference scan on a cache of one page per slot, the slot standing in for its KV head.
-    slots = cache._replace(codes=_pages_at(cache.codes, flat)[:, :, None],
-                           scales=_pages_at(cache.scales, flat)[:, :, None])
-    shat = scan_scores(q_slot.reshape(b, -1, d), slots)[:, :, :, 0]  # [b, c, g, bs]
-    keep = jnp.any(jnp.max(shat, axis=-1) >= jnp.take_along_axis(th, head[:, :, None], axis=1), axis=-1) & usable
     scores = shat
     if use_residual:  # keys first: the order XLA's CPU dot reads without a transposed copy
         res = _pages_at(cache.residual, flat).astype(jnp.float32)
@@ -927,7 +972,9 @@ def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capaci
        (heads keep different numbers of pages, so a shared budget gathers fewer pages than one per
        head), are gathered; their exact float scan scores (the reference formula on the packed
        codes) decide the selection exactly as :func:`top_delta_keep`, and one softmax per head
-       covers its kept pages and its exact current page.
+       covers its kept pages and its exact current page. The gather's size is static, so it is
+       compiled at ``c / 16``, ``c / 4`` and ``c`` slots and the step runs the smallest that holds
+       the candidates (``lax.switch``): a step with few candidates reads few pages.
 
     If a sequence has more than ``c`` candidates, the whole call falls back (``lax.cond``, only one
     branch runs) to the exact float scan of every page followed by :func:`gathered_decode` with ``c``
@@ -974,19 +1021,28 @@ def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capaci
         if keys is not None:
             return _exact_keys_decode(q, cache, keys, th)
         return _exact_scan_decode(q, cache, th, fallback, use_residual, chunk_pages)
-    cand, priority, th = scan_candidates(q, cache, delta)
+    th = reference_threshold(q, cache, delta)  # [b, k, g]
+    m, err = int8_page_maxima(q, cache)
+    cand, priority = _candidates(cache, th, m, err)
     cap = min(cap_in, kh * p)
+    tiers = sorted({max(1, cap // 16), max(1, cap // 4), cap})  # gathered slots: the smallest that holds them
 
-    def sparse(_):
-        return _candidates_decode(q, cache, cand, priority, th, cap, use_residual)
+    def sparse(tier):
+        return lambda: _candidates_decode(q, cache, cand, priority, th, tier, use_residual)
 
-    def exact(_):
-        if keys is not None:
-            return _exact_keys_decode(q, cache, keys, th)
-        return _exact_scan_decode(q, cache, th, fallback, use_residual, chunk_pages)
+    def exact():
+        if keys is None:
+            return _exact_scan_decode(q, cache, th, fallback, use_residual, chunk_pages)
+        # Many pages pass: attend to every kept page from the exact keys (a dense step's reads); the
+        # exact scan settles the pages the int8 bounds leave open, or, past ``cap`` of them, every page.
+        unsure = _settled(cache, th, m, err)[1]
+        return jax.lax.cond(jnp.max(jnp.sum(unsure, axis=(1, 2))) > cap,
+                            lambda: _exact_keys_decode(q, cache, keys, th),
+                            lambda: _sorted_keys_decode(q, cache, keys, th, m, err, cap))
 
-    overflowing = jnp.any(jnp.sum(cand, axis=(1, 2)) > cap)
-    return jax.lax.cond(overflowing, exact, sparse, None)
+    most = jnp.max(jnp.sum(cand, axis=(1, 2)))  # candidates of the sequence that has the most
+    branch = sum((most > t).astype(jnp.int32) for t in tiers)  # len(tiers): more than the capacity
+    return jax.lax.switch(branch, [sparse(t) for t in tiers] + [exact])
 
 
 class DecodeProblem(NamedTuple):

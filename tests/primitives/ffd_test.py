@@ -304,15 +304,26 @@ def test_fast_path_with_exact_keys_equals_reference(group, delta):
     c = ffd.build_cache(keys, values, lengths, page_size=bs)
     pages = ffd.head_major_pages(keys, bs)
     want = ffd.ffd_decode(q, c, delta=delta)
+    th = ffd.reference_threshold(q, c, delta)
+    m, err = ffd.int8_page_maxima(q, c)
     n_cand = int(jnp.max(jnp.sum(ffd.scan_candidates(q, c, delta)[0], (1, 2))))
-    for cap in sorted({1, max(n_cand, 1)}):
+    lower = jnp.any(m - err >= th[..., None], axis=2)
+    n_open = int(jnp.max(jnp.sum(jnp.any(m + err >= th[..., None], axis=2) & ~lower & c.valid_pages[:, None], (1, 2))))
+    # capacity 1 (every page's exact scan unless at most one page is left open by the int8 bounds), the
+    # open count (those exactly scanned, the rest settled by the bounds), the candidate count (gathered path)
+    for cap in sorted({1, max(n_open, 1), max(n_cand, 1)}):
         got = jax.jit(lambda q, c, k: ffd.fast_ffd_decode(q, c, delta=delta, capacity=cap, keys=k))(q, c, pages)
         np.testing.assert_array_equal(got.keep, want.keep, err_msg=f"capacity {cap}")
         np.testing.assert_allclose(got.out, want.out, atol=1e-5, err_msg=f"capacity {cap}")
         np.testing.assert_allclose(got.lse, want.lse, atol=1e-5, err_msg=f"capacity {cap}")
         np.testing.assert_array_equal(got.overflow, 0)
-    if math.isfinite(delta):
-        assert 1 < n_cand and int(jnp.max(jnp.sum(want.keep, -1))) < c.num_pages  # both branches, not trivial
+    # past `capacity` open pages, every page's exact scan from the keys (the int8 bounds here leave at most
+    # one open, so that branch is called directly)
+    every = ffd._exact_keys_decode(q, c, pages, th)
+    np.testing.assert_array_equal(every.keep, want.keep)
+    np.testing.assert_allclose(every.out, want.out, atol=1e-5)
+    if math.isfinite(delta):  # the fallback and the gathered path both ran; the selection is not trivial
+        assert n_open < n_cand and 1 < n_cand and int(jnp.max(jnp.sum(want.keep, -1))) < c.num_pages
     with pytest.raises(ValueError, match="float32 residual"):
         ffd.fast_ffd_decode(q, c._replace(residual=c.residual.astype(jnp.bfloat16)), keys=pages)
     with pytest.raises(ValueError, match="keys must have"):
