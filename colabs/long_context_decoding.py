@@ -328,7 +328,10 @@ else:
 # %% [markdown]
 # ## FFD end to end: `generate` with `attention.decode="ffd"`
 #
-# The same model decodes through FFD when its config says so (prefill stays dense). A copy with the FFD
+# The same model decodes through FFD when its config says so (prefill stays dense). Its KV cache then
+# also carries each layer's full pages quantized (`cache.pages`, each page quantized once, by the call
+# that completes it), and on CPU each step runs the int8-scan fast path over them;
+# `python -m experiments bench --only ffd_generate` times it against dense decoding. A copy with the FFD
 # config and the same weights:
 
 # %%
