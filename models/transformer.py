@@ -624,10 +624,10 @@ class Attention(nnx.Module):
             cache = ffd_lib.build_cache(k, v, lengths, page_size=ffd.page_size, bits=ffd.bits, layout=kv_layout,
                                         scan_keys=False)  # the int8 scan keys serve only fast_ffd_decode
         else:
-            if (pages.page_size, 8 * pages.codes.shape[-1] // pages.scales.shape[-1]) != (ffd.page_size, ffd.bits):
-                raise ValueError(f"the cache's FFD pages have page size {pages.page_size} and "
-                                 f"{8 * pages.codes.shape[-1] // pages.scales.shape[-1]} bits; attention.ffd has "
-                                 f"page_size={ffd.page_size}, bits={ffd.bits} (build the cache with model.init_cache)")
+            if (pages.page_size, pages.bits) != (ffd.page_size, ffd.bits):
+                raise ValueError(f"the cache's FFD pages have page size {pages.page_size} and {pages.bits} bits; "
+                                 f"attention.ffd has page_size={ffd.page_size}, bits={ffd.bits} (build the cache "
+                                 f"with model.init_cache)")
             cache = ffd_lib.paged_cache(pages, k, v, lengths, layout=kv_layout)
         if ffd.selector == "top_delta" and cache.scan_keys is not None and kernel_backend.resolve_implementation(None) == "xla":
             slots = cache.scales.shape[1] * cache.num_pages

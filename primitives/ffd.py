@@ -206,6 +206,10 @@ class FFDPages(NamedTuple):
     def num_pages(self) -> int:
         return self.codes.shape[2]
 
+    @property
+    def bits(self) -> int:
+        return 8 * self.codes.shape[-1] // self.scales.shape[-1]
+
 
 class FFDOutput(NamedTuple):
     """Result of one FFD decode step.
@@ -418,7 +422,7 @@ def update_pages(pages: FFDPages, keys: jax.Array, old_lengths: jax.Array, new_l
     bi = jnp.arange(b)[:, None]
     window = keys[bi, :, tok] if kv_token_axis(layout) == 2 else keys[bi, tok]  # [b, n bs, k, d]
     window = window.reshape(b, n, bs, kh, d).transpose(0, 3, 1, 2, 4).astype(jnp.float32)
-    fresh = quantize_key_pages(window, bits=8 * pages.codes.shape[-1] // d, residual_dtype=pages.residual.dtype,
+    fresh = quantize_key_pages(window, bits=pages.bits, residual_dtype=pages.residual.dtype,
                                scan_keys=pages.scan_keys is not None)
     slot = jnp.where(idx < (new_lengths // bs)[:, None], idx, p)[:, None, :]  # [b, 1, n]; p: not full, dropped
     ki = jnp.arange(kh)[None, :, None]

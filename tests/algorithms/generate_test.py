@@ -167,3 +167,15 @@ def test_ffd_generate_with_quantized_pages_equals_requantizing_every_step(delta,
     slow = generate(model, prompts, prompt_lengths=lengths, max_new_tokens=9, cache=paged.replace(pages=None))
     np.testing.assert_array_equal(fast.tokens, slow.tokens)
     np.testing.assert_allclose(fast.logprobs, slow.logprobs, atol=1e-5)
+
+
+def test_ffd_pages_of_another_page_size_are_rejected():
+    from models.kv_cache import init_cache
+
+    cfg = TransformerConfig(vocab_size=VOCAB, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2, d_ff=48,
+                            head_dim=16, attention=AttentionConfig(decode="ffd", ffd=FFDConfig(page_size=4)))
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    cache = init_cache(num_layers=1, batch_size=1, capacity=16, num_kv_heads=2, head_dim=16, ffd_page_size=8,
+                       layout=cfg.attention.resolved_kv_layout)
+    with pytest.raises(ValueError, match="page size 8 and 2 bits; attention.ffd has page_size=4"):
+        model(jnp.zeros((1, 1), jnp.int32), cache=cache)
