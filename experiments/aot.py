@@ -260,7 +260,8 @@ def compile_decode_step(model: TransformerConfig, *, topology: str, batch_size: 
         row["compile_s"] = time.perf_counter() - t0
     sizes = _memory(compiled)
     buffers = cache.keys + cache.values
-    cache_bytes = sum(b.size * b.dtype.itemsize for b in buffers)
+    # K and V, and an FFD model's quantized pages (updated in place with them)
+    cache_bytes = sum(b.size * b.dtype.itemsize for b in jax.tree.leaves((cache.keys, cache.values, cache.pages)))
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     row.update(ok=True, error=None, params=sum(int(x.size) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))),

@@ -726,13 +726,16 @@ class Transformer(nnx.Module):
                                   1 / math.sqrt(config.d_model))
 
     def init_cache(self, batch_size: int, capacity: int) -> KVCache:
-        """An empty KV cache for this model (with FFD page slots when `attention.decode` is "ffd")."""
+        """An empty KV cache for this model (with FFD page slots when `attention.decode` is "ffd"; their int8
+        scan keys only where the XLA path runs, i.e. not when compiling for TPU or GPU)."""
         c = self.config
         ffd = c.attention.ffd if c.attention.decode == "ffd" else None
         return init_cache(num_layers=c.num_layers, batch_size=batch_size, capacity=capacity,
                           num_kv_heads=c.num_kv_heads, head_dim=c.resolved_head_dim, dtype=c.compute_dtype,
                           layout=c.resolved_kv_layout, ffd_page_size=None if ffd is None else ffd.page_size,
-                          ffd_bits=2 if ffd is None else ffd.bits)
+                          ffd_bits=2 if ffd is None else ffd.bits,
+                          # the int8 scan keys serve the XLA (CPU) path only; a kernel reads the codes
+                          ffd_scan_keys=kernel_backend.resolve_implementation(None) == "xla")
 
     def __call__(
         self,

@@ -301,15 +301,30 @@ def dequantize_pages(codes: jax.Array, scales: jax.Array, bits: int = 2) -> jax.
 def _current_page(x: jax.Array, full: jax.Array, lengths: jax.Array, page_size: int, token_axis: int) -> jax.Array:
     """[b, s, k, d] (token_axis 1) or [b, k, s, d] (2) -> [b, k, bs, d]: tokens ``full * bs .. lengths - 1``
     (zero beyond)."""
-    widths = [(0, 0)] * 4
-    widths[token_axis] = (0, page_size)
-    padded = jnp.pad(x, widths)
-    cur = jax.vmap(lambda xb, start: jax.lax.dynamic_slice_in_dim(xb, start, page_size, axis=token_axis - 1))(
-        padded, full * page_size)
+    s = x.shape[token_axis]
+    if s < page_size:  # a cache shorter than one page: pad it (small)
+        widths = [(0, 0)] * 4
+        widths[token_axis] = (0, page_size - s)
+        x, s = jnp.pad(x, widths), page_size
+
+    # Slice in bounds (padding the whole cache would copy it), then shift the page to the window's front.
+    start = jnp.minimum(full * page_size, s - page_size)
+    window = _row_windows(x, start, page_size, token_axis)
+    pos = jnp.minimum((full * page_size - start)[:, None] + jnp.arange(page_size), page_size - 1)  # [b, bs]
+    cur = jax.vmap(lambda w, i: jnp.take(w, i, axis=token_axis - 1))(window, pos)
     if token_axis == 1:
         cur = cur.transpose(0, 2, 1, 3)
     live = full[:, None] * page_size + jnp.arange(page_size)[None, :] < lengths[:, None]
     return jnp.where(live[:, None, :, None], cur, 0)
+
+
+def _row_windows(x: jax.Array, starts: jax.Array, size: int, axis: int) -> jax.Array:
+    """``x[r]``'s tokens ``starts[r] .. starts[r] + size - 1`` along ``axis`` (of ``x``; rows on axis 0), per row.
+
+    One dynamic slice per row (``lax.map``): a batched slice is a gather, and XLA on TPU first copies the
+    whole cache into another layout for it.
+    """
+    return jax.lax.map(lambda a: jax.lax.dynamic_slice_in_dim(a[0], a[1], size, axis=axis - 1), (x, starts))
 
 
 def build_cache(keys: jax.Array, values: jax.Array, lengths: jax.Array, *, page_size: int = 128,
@@ -392,8 +407,9 @@ def update_pages(pages: FFDPages, keys: jax.Array, old_lengths: jax.Array, new_l
 
     Called after the appended tokens are written to the dense ``keys``. An append of at most ``T``
     tokens completes at most ``T // bs + 1`` pages, all in the window of that many slots starting at
-    the page that held ``old_lengths``, so only that window is read, quantized and written back
-    (slots past the capacity are dropped). Pages are quantized from their own tokens only, so the
+    the page that held ``old_lengths`` (moved back to end at the last slot near the capacity), so only
+    that window is read (one dynamic slice per sequence), quantized, and its completed pages written
+    back. Pages are quantized from their own tokens only, so the
     result is :func:`build_cache`'s (up to float32 rounding), and a rollback (lowering the lengths) needs no
     undo: a page is quantized again whenever an append completes it.
 
@@ -417,11 +433,16 @@ def update_pages(pages: FFDPages, keys: jax.Array, old_lengths: jax.Array, new_l
     n = min(max_new_tokens // bs + 1, p)
     if n == 0:  # a capacity shorter than one page: no page slot
         return pages
-    idx = (old_lengths // bs)[:, None] + jnp.arange(n)[None, :]  # [b, n] slots of the window
-    tok = (idx[:, :, None] * bs + jnp.arange(bs)).reshape(b, n * bs)  # their tokens (past s: clipped, dropped)
+    # The window's first slot, moved back so the window ends by the last slot (it then re-quantizes full
+    # pages before ``old_lengths``: the same values).
+    first = jnp.minimum(old_lengths // bs, p - n)
+    idx = first[:, None] + jnp.arange(n)[None, :]  # [b, n] slots of the window
     bi = jnp.arange(b)[:, None]
-    window = keys[bi, :, tok] if kv_token_axis(layout) == 2 else keys[bi, tok]  # [b, n bs, k, d]
-    window = window.reshape(b, n, bs, kh, d).transpose(0, 3, 1, 2, 4).astype(jnp.float32)
+    window = _row_windows(keys, first * bs, n * bs, kv_token_axis(layout))
+    if kv_token_axis(layout) == 2:  # [b, k, n bs, d]
+        window = window.reshape(b, kh, n, bs, d).astype(jnp.float32)
+    else:  # [b, n bs, k, d]
+        window = window.reshape(b, n, bs, kh, d).transpose(0, 3, 1, 2, 4).astype(jnp.float32)
     fresh = quantize_key_pages(window, bits=pages.bits, residual_dtype=pages.residual.dtype,
                                scan_keys=pages.scan_keys is not None)
     slot = jnp.where(idx < (new_lengths // bs)[:, None], idx, p)[:, None, :]  # [b, 1, n]; p: not full, dropped

@@ -179,3 +179,16 @@ def test_ffd_pages_of_another_page_size_are_rejected():
                        layout=cfg.attention.resolved_kv_layout)
     with pytest.raises(ValueError, match="page size 8 and 2 bits; attention.ffd has page_size=4"):
         model(jnp.zeros((1, 1), jnp.int32), cache=cache)
+
+
+def test_ffd_cache_holds_int8_scan_keys_only_for_the_xla_path():
+    """The int8 scan keys (one byte per key element) serve the CPU fast path; a cache built for a TPU
+    program leaves them out (the kernel reads the packed codes)."""
+    from pallas_kernels import _backend
+
+    cfg = TransformerConfig(vocab_size=VOCAB, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2, d_ff=48,
+                            head_dim=16, attention=AttentionConfig(decode="ffd", ffd=FFDConfig(page_size=4)))
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    assert model.init_cache(1, 16).pages[0].scan_keys is not None
+    with _backend.compiling_for("tpu"):
+        assert model.init_cache(1, 16).pages[0].scan_keys is None
