@@ -111,12 +111,12 @@ def bench_ffd_generate(contexts=(8192, 16000), new_tokens=(4, 20), repeats: int 
     dense = induction_lm(InductionSpec(vocab_size=vocab_size))
     ffd = with_decode(dense, "ffd", delta=float(delta), page_size=page_size)
     n1, n2 = new_tokens
+    graphdef, state = nnx.split(ffd)
+    prefill = jax.jit(lambda s, p, c: nnx.merge(graphdef, s)(p, cache=c).cache)
     rows = []
     for context in contexts:
         task = SpanCopyTask(vocab_size=vocab_size).prompts(0, batch_size=1, context_len=context, answer_len=n2)
         prompts = jnp.asarray(task["prompts"])
-        graphdef, state = nnx.split(ffd)
-        prefill = jax.jit(lambda s, p, c: nnx.merge(graphdef, s)(p, cache=c).cache)
         paged = prefill(state, prompts[:, :-1], ffd.init_cache(1, context + n2))  # all but x: generate appends it
         caches = {"dense": (dense, paged.replace(pages=None)), "ffd_pages": (ffd, paged),
                   "ffd_requantize": (ffd, paged.replace(pages=None))}

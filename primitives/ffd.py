@@ -438,12 +438,8 @@ def update_pages(pages: FFDPages, keys: jax.Array, old_lengths: jax.Array, new_l
     first = jnp.minimum(old_lengths // bs, p - n)
     idx = first[:, None] + jnp.arange(n)[None, :]  # [b, n] slots of the window
     bi = jnp.arange(b)[:, None]
-    window = _row_windows(keys, first * bs, n * bs, kv_token_axis(layout))
-    if kv_token_axis(layout) == 2:  # [b, k, n bs, d]
-        window = window.reshape(b, kh, n, bs, d).astype(jnp.float32)
-    else:  # [b, n bs, k, d]
-        window = window.reshape(b, n, bs, kh, d).transpose(0, 3, 1, 2, 4).astype(jnp.float32)
-    fresh = quantize_key_pages(window, bits=pages.bits, residual_dtype=pages.residual.dtype,
+    window = _row_windows(keys, first * bs, n * bs, kv_token_axis(layout))  # a dense cache of n pages
+    fresh = quantize_key_pages(head_major_pages(window, bs, layout).astype(jnp.float32), bits=pages.bits, residual_dtype=pages.residual.dtype,
                                scan_keys=pages.scan_keys is not None)
     slot = jnp.where(idx < (new_lengths // bs)[:, None], idx, p)[:, None, :]  # [b, 1, n]; p: not full, dropped
     ki = jnp.arange(kh)[None, :, None]
@@ -481,12 +477,9 @@ def paged_cache(pages: FFDPages, keys: jax.Array, values: jax.Array, lengths: ja
     if lengths.shape != (b,):
         raise ValueError(f"lengths must have shape ({b},), got {lengths.shape}")
     full = lengths // bs
-    return FFDCache(codes=pages.codes, scales=pages.scales, residual=pages.residual,
-                    values=head_major_pages(values, bs, layout),
+    return FFDCache(**pages._asdict(), values=head_major_pages(values, bs, layout),
                     current_keys=_current_page(keys, full, lengths, bs, token_axis),
-                    current_values=_current_page(values, full, lengths, bs, token_axis), lengths=lengths,
-                    page_min=pages.page_min, page_max=pages.page_max, scan_keys=pages.scan_keys,
-                    scan_scales=pages.scan_scales, scan_l1=pages.scan_l1)
+                    current_values=_current_page(values, full, lengths, bs, token_axis), lengths=lengths)
 
 
 def _int8_scan_keys(codes: jax.Array, scales: jax.Array, bits: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -876,19 +869,18 @@ def _settled(cache: FFDCache, th: jax.Array, m: jax.Array, err: jax.Array) -> tu
     return sure, jnp.any(m + err >= th[..., None], axis=2) & valid & ~sure
 
 
-def _sorted_keys_decode(q: jax.Array, cache: FFDCache, keys: jax.Array, th: jax.Array, m: jax.Array,
-                        err: jax.Array, capacity: int) -> GatheredOutput:
+def _sorted_keys_decode(q: jax.Array, cache: FFDCache, keys: jax.Array, th: jax.Array, sure: jax.Array,
+                        unsure: jax.Array, priority: jax.Array, capacity: int) -> GatheredOutput:
     """FFD over every page from their exact keys, selection settled by the int8 bounds where they can.
 
-    A page whose int8 lower bound ``m - err`` reaches the threshold for some head is kept, one whose
-    upper bound misses it for every head is dropped; the exact scan decides only the pages in
-    between (at most ``capacity`` per sequence, gathered). The kept pages attend with ``q . K``:
+    The pages the int8 bounds keep (``sure``, :func:`_settled`) are kept; the exact scan decides the
+    ``unsure`` ones (at most ``capacity`` per sequence, gathered best ``priority`` first); the rest are
+    dropped. The kept pages attend with ``q . K``:
     a dense decode step's reads (keys and values) plus the scan, where :func:`_exact_keys_decode`
     also reads the residual.
     """
-    sure, unsure = _settled(cache, th, m, err)
     b, kh, p = sure.shape
-    flat, _, _, _, _, checked = _check_slots(q, cache, unsure, jnp.max(m + err, axis=2), th, capacity)
+    flat, _, _, _, _, checked = _check_slots(q, cache, unsure, priority, th, capacity)
     keep = sure | jnp.zeros((b, kh * p), bool).at[jnp.arange(b)[:, None], flat].max(checked).reshape(b, kh, p)
     merged = merge_partials(q, [_masked_partial(q, _keys_scores(q, cache, keys), keep, cache.values),
                                 current_partial(q, cache)])
@@ -980,7 +972,7 @@ def _candidates_decode(q: jax.Array, cache: FFDCache, cand: jax.Array, priority:
 
 def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capacity: int | None = None,
                     use_residual: bool = True, chunk_pages: int | None = None,
-                    fallback_capacity: int | None = None, keys: jax.Array | None = None) -> GatheredOutput:
+                    keys: jax.Array | None = None) -> GatheredOutput:
     """FFD on XLA without the kernel (the CPU path): int8 scan, exact check of candidates, gathered attention.
 
     Dimension legend: ``b`` batch, ``h = k g`` query heads over ``k`` KV heads, ``p`` pages of ``bs``
@@ -1016,37 +1008,31 @@ def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capaci
         (the exact fallback: per KV head). Default: every page of every KV head.
       use_residual: refine kept pages with the residual.
       chunk_pages: scan chunk of the exact fallback (see :func:`chunked_page_maxima`).
-      fallback_capacity: pages per KV head the exact fallback gathers (default ``capacity``); the
-        page count ``p`` makes the fallback FFD's exact result whatever the selection's size.
       keys: None, or the exact keys of the page slots [b, k, p, bs, d] (:func:`head_major_pages` of
         the dense cache; the residual must be float32): the exact fallback then scores every page
-        from them (``fallback_capacity`` and ``use_residual=False`` do not apply to it).
+        from them and keeps every selected page (``use_residual`` must be True).
 
     Returns:
       :class:`GatheredOutput`. Same selection as :func:`top_delta_keep`; ``out`` equals
-      :func:`ffd_decode` whenever ``capacity`` covers the candidates or ``fallback_capacity`` the
-      selection (else the exact fallback keeps at most ``fallback_capacity`` pages per KV head: those
-      with the lowest scan maxima are dropped and counted in ``overflow``).
+      :func:`ffd_decode` whenever ``capacity`` covers the candidates or ``keys`` is given (else the
+      exact fallback keeps at most ``c`` pages per KV head: those with the lowest scan maxima are
+      dropped and counted in ``overflow``).
     """
     kh, p = cache.scales.shape[1], cache.num_pages
     cap_in = max(kh * p, 1) if capacity is None else capacity
     if not isinstance(cap_in, int) or cap_in < 1:
         raise ValueError(f"capacity must be a positive int (pages per sequence), got {capacity!r}")
-    fallback = cap_in if fallback_capacity is None else fallback_capacity
-    if not isinstance(fallback, int) or fallback < 1:
-        raise ValueError(f"fallback_capacity must be a positive int (pages per KV head), got {fallback_capacity!r}")
     if keys is not None:
         if keys.shape != cache.residual.shape or cache.residual.dtype != jnp.float32:
             raise ValueError(f"keys must have the pages' shape {cache.residual.shape} with a float32 residual; got "
                              f"keys {keys.shape}, residual {cache.residual.dtype}")
         if not use_residual:
             raise ValueError("keys (the exact-keys fallback) attends with the exact keys: use_residual must be True")
+    th = reference_threshold(q, cache, delta)  # [b, k, g]
     if cache.scan_keys is None or p == 0:
-        th = reference_threshold(q, cache, delta)
         if keys is not None:
             return _exact_keys_decode(q, cache, keys, th)
-        return _exact_scan_decode(q, cache, th, fallback, use_residual, chunk_pages)
-    th = reference_threshold(q, cache, delta)  # [b, k, g]
+        return _exact_scan_decode(q, cache, th, cap_in, use_residual, chunk_pages)
     m, err = int8_page_maxima(q, cache)
     cand, priority = _candidates(cache, th, m, err)
     cap = min(cap_in, kh * p)
@@ -1057,13 +1043,13 @@ def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capaci
 
     def exact():
         if keys is None:
-            return _exact_scan_decode(q, cache, th, fallback, use_residual, chunk_pages)
+            return _exact_scan_decode(q, cache, th, cap_in, use_residual, chunk_pages)
         # Many pages pass: attend to every kept page from the exact keys (a dense step's reads); the
         # exact scan settles the pages the int8 bounds leave open, or, past ``cap`` of them, every page.
-        unsure = _settled(cache, th, m, err)[1]
+        sure, unsure = _settled(cache, th, m, err)
         return jax.lax.cond(jnp.max(jnp.sum(unsure, axis=(1, 2))) > cap,
                             lambda: _exact_keys_decode(q, cache, keys, th),
-                            lambda: _sorted_keys_decode(q, cache, keys, th, m, err, cap))
+                            lambda: _sorted_keys_decode(q, cache, keys, th, sure, unsure, priority, cap))
 
     most = jnp.max(jnp.sum(cand, axis=(1, 2)))  # candidates of the sequence that has the most
     branch = sum((most > t).astype(jnp.int32) for t in tiers)  # len(tiers): more than the capacity
