@@ -47,7 +47,7 @@ from flax import nnx
 
 from algorithms import training
 from models.kv_cache import KV_LAYOUTS
-from models.transformer import DECODE_ATTENTION, PREFILL_ATTENTION, REMAT, Transformer, TransformerConfig
+from models.transformer import DECODE_ATTENTION, FFD_RESIDUAL_DTYPES, PREFILL_ATTENTION, REMAT, Transformer, TransformerConfig
 
 __all__ = ["TrainStep", "HBM_GIB", "lm_1b", "compile_train_step", "compile_decode_step", "targets", "main"]
 
@@ -241,6 +241,8 @@ def compile_decode_step(model: TransformerConfig, *, topology: str, batch_size: 
     chip = kernel_aot.tpu_devices(topology)[0]
     row: dict[str, Any] = {"topology": topology, "kv_layout": layout, "decode": model.attention.decode,
                            "batch_size": batch_size, "context": context}
+    if model.attention.decode == "ffd":
+        row["ffd_residual"] = model.attention.ffd.residual_dtype
     with kernel_aot.without_compilation_cache(), _backend.compiling_for("tpu"):
         abstract = nnx.eval_shape(lambda: Transformer(model, rngs=nnx.Rngs(0)))
         graphdef, state = nnx.split(abstract)
@@ -315,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-layout", choices=KV_LAYOUTS, default="bskd", help="with --decode: the cache's axis order")
     p.add_argument("--decode-attention", choices=DECODE_ATTENTION, default="dense",
                    help="with --decode: the decode attention")
+    p.add_argument("--ffd-residual", choices=FFD_RESIDUAL_DTYPES, default=None,
+                   help="with --decode-attention ffd: the storage of the pages' residual (default float32)")
     p.add_argument("--json", type=pathlib.Path, default=None, help="append the result row to this JSON file")
     a = p.parse_args(argv)
     if a.list or a.target is None:
@@ -340,6 +344,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--decode applies to decoder LM targets; {a.target}'s model is a "
                                  f"{type(model).__name__}")
             attention = dataclasses.replace(model.attention, kv_layout=a.kv_layout, decode=a.decode_attention)
+            if a.ffd_residual is not None:
+                if a.decode_attention != "ffd":
+                    raise ValueError(f"--ffd-residual applies to --decode-attention ffd; got {a.decode_attention}")
+                attention = dataclasses.replace(attention, ffd=dataclasses.replace(attention.ffd,
+                                                                                   residual_dtype=a.ffd_residual))
             row = compile_decode_step(dataclasses.replace(model, attention=attention), topology=a.topology,
                                       batch_size=step.batch_size, context=a.decode)
         else:

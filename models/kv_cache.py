@@ -97,11 +97,13 @@ class KVCache:
 def init_cache(
     *, num_layers: int, batch_size: int, capacity: int, num_kv_heads: int, head_dim: int, dtype=jnp.float32,
     layout: str = "bskd", ffd_page_size: int | None = None, ffd_bits: int = 2, ffd_scan_keys: bool = True,
+    ffd_residual_dtype=jnp.float32,
 ) -> KVCache:
     """An empty cache (all lengths 0) with room for `capacity` tokens per sequence, in `layout`.
 
     With `ffd_page_size`, also the FFD page slots (`KVCache.pages`, keys quantized to `ffd_bits` bits,
-    with the int8 scan keys of the XLA fast path when `ffd_scan_keys`), and the capacity rounded up to
+    the residual stored as `ffd_residual_dtype`, with the int8 scan keys of the XLA fast path when
+    `ffd_scan_keys`), and the capacity rounded up to
     whole pages, so the dense cache is paged by a reshape, never a copy.
     """
     for name, value in (("num_layers", num_layers), ("batch_size", batch_size), ("capacity", capacity)):
@@ -115,7 +117,8 @@ def init_cache(
     pages = None
     if ffd_page_size is not None:
         pages = tuple(ffd.init_pages(batch_size, num_kv_heads, capacity, head_dim, page_size=ffd_page_size,
-                                     bits=ffd_bits, scan_keys=ffd_scan_keys) for _ in range(num_layers))
+                                     bits=ffd_bits, residual_dtype=ffd_residual_dtype,
+                                     scan_keys=ffd_scan_keys) for _ in range(num_layers))
     return KVCache(keys=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
                    values=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
                    lengths=jnp.zeros((batch_size,), jnp.int32), layout=layout, pages=pages)

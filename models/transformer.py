@@ -82,6 +82,7 @@ from primitives.validation import check_finite, check_int, check_token_ids
 
 DECODE_ATTENTION = ("dense", "kernel", "ffd")
 FFD_SELECTORS = ("top_delta", "top_k", "quest")
+FFD_RESIDUAL_DTYPES = ("float32", "bfloat16", "float8_e4m3fn")
 
 __all__ = [
     "TransformerConfig",
@@ -156,6 +157,12 @@ class FFDConfig:
         of each sequence's page slots over all KV heads, in (0, 1]. A step whose int8 scan leaves
         more candidate pages runs the exact scan of every page instead: the same result, slower.
         Not shown in the repr at its default.
+      residual_dtype: storage of the pages' residual ``K - Khat`` that refines kept pages' scores:
+        "float32" (the default: exact, so keeping every page gives dense attention to rounding),
+        "bfloat16" or "float8_e4m3fn" (the paper's code: a quarter of float32's bytes, the
+        refinement rounded). The CPU fast path attends from the exact keys only with float32;
+        otherwise it refines from the stored residual, as the kernel does. Not shown in the repr
+        at its default.
     """
 
     delta: float = 5.0
@@ -164,6 +171,7 @@ class FFDConfig:
     selector: str = "top_delta"
     kept_fraction: float = 0.1
     gather_fraction: float = dataclasses.field(default=0.25, repr=False)
+    residual_dtype: str = dataclasses.field(default="float32", repr=False)
 
     __repr__ = _repr_hiding_defaults
 
@@ -177,6 +185,8 @@ class FFDConfig:
             raise ValueError(f"{p}delta must not be NaN (inf keeps every page); got {self.delta}")
         if self.selector not in FFD_SELECTORS:
             raise ValueError(f"{p}selector must be one of {FFD_SELECTORS}; got {self.selector!r}")
+        if self.residual_dtype not in FFD_RESIDUAL_DTYPES:
+            raise ValueError(f"{p}residual_dtype must be one of {FFD_RESIDUAL_DTYPES}; got {self.residual_dtype!r}")
         for name in ("kept_fraction", "gather_fraction"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{p}{name} must be in (0, 1]; got {getattr(self, name)}")
@@ -622,18 +632,22 @@ class Attention(nnx.Module):
         ffd = self.ffd
         if pages is None:
             cache = ffd_lib.build_cache(k, v, lengths, page_size=ffd.page_size, bits=ffd.bits, layout=kv_layout,
+                                        residual_dtype=jnp.dtype(ffd.residual_dtype),
                                         scan_keys=False)  # the int8 scan keys serve only fast_ffd_decode
         else:
-            if (pages.page_size, pages.bits) != (ffd.page_size, ffd.bits):
-                raise ValueError(f"the cache's FFD pages have page size {pages.page_size} and {pages.bits} bits; "
-                                 f"attention.ffd has page_size={ffd.page_size}, bits={ffd.bits} (build the cache "
-                                 f"with model.init_cache)")
+            have = (pages.page_size, pages.bits, str(pages.residual.dtype))
+            if have != (ffd.page_size, ffd.bits, ffd.residual_dtype):
+                raise ValueError(f"the cache's FFD pages have page size {have[0]}, {have[1]} bits and a {have[2]} "
+                                 f"residual; attention.ffd has page_size={ffd.page_size}, bits={ffd.bits}, "
+                                 f"residual_dtype={ffd.residual_dtype} (build the cache with model.init_cache)")
             cache = ffd_lib.paged_cache(pages, k, v, lengths, layout=kv_layout)
         if ffd.selector == "top_delta" and cache.scan_keys is not None and kernel_backend.resolve_implementation(None) == "xla":
             slots = cache.scales.shape[1] * cache.num_pages
+            # Exact keys stand in for Khat + R only with a float32 residual; a rounded one refines as the kernel.
+            keys = ffd_lib.head_major_pages(k, ffd.page_size, kv_layout) if cache.residual.dtype == jnp.float32 else None
             fast = ffd_lib.fast_ffd_decode(q, cache, delta=float(ffd.delta),
                                            capacity=max(1, math.ceil(ffd.gather_fraction * slots)),
-                                           keys=ffd_lib.head_major_pages(k, ffd.page_size, kv_layout))
+                                           keys=keys, fallback_capacity=max(1, cache.num_pages))
             return fast.out, ffd_lib.kept_fraction(fast.keep, cache)
         if ffd.selector == "top_delta":
             out = ffd_kernel.ffd_decode(q, cache, delta=float(ffd.delta))
@@ -734,6 +748,7 @@ class Transformer(nnx.Module):
                           num_kv_heads=c.num_kv_heads, head_dim=c.resolved_head_dim, dtype=c.compute_dtype,
                           layout=c.resolved_kv_layout, ffd_page_size=None if ffd is None else ffd.page_size,
                           ffd_bits=2 if ffd is None else ffd.bits,
+                          ffd_residual_dtype=jnp.float32 if ffd is None else jnp.dtype(ffd.residual_dtype),
                           # the int8 scan keys serve the XLA (CPU) path only; a kernel reads the codes
                           ffd_scan_keys=kernel_backend.resolve_implementation(None) == "xla")
 

@@ -972,7 +972,7 @@ def _candidates_decode(q: jax.Array, cache: FFDCache, cand: jax.Array, priority:
 
 def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capacity: int | None = None,
                     use_residual: bool = True, chunk_pages: int | None = None,
-                    keys: jax.Array | None = None) -> GatheredOutput:
+                    keys: jax.Array | None = None, fallback_capacity: int | None = None) -> GatheredOutput:
     """FFD on XLA without the kernel (the CPU path): int8 scan, exact check of candidates, gathered attention.
 
     Dimension legend: ``b`` batch, ``h = k g`` query heads over ``k`` KV heads, ``p`` pages of ``bs``
@@ -1011,17 +1011,23 @@ def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capaci
       keys: None, or the exact keys of the page slots [b, k, p, bs, d] (:func:`head_major_pages` of
         the dense cache; the residual must be float32): the exact fallback then scores every page
         from them and keeps every selected page (``use_residual`` must be True).
+      fallback_capacity: without ``keys``, the pages per KV head the exact fallback keeps (default
+        ``capacity``; ``cache.num_pages`` keeps every selected page: FFD's result always, at the
+        cost of unpacking every page on an overflowing step).
 
     Returns:
       :class:`GatheredOutput`. Same selection as :func:`top_delta_keep`; ``out`` equals
       :func:`ffd_decode` whenever ``capacity`` covers the candidates or ``keys`` is given (else the
-      exact fallback keeps at most ``c`` pages per KV head: those with the lowest scan maxima are
-      dropped and counted in ``overflow``).
+      exact fallback keeps at most ``fallback_capacity`` pages per KV head: those with the lowest scan
+      maxima are dropped and counted in ``overflow``).
     """
     kh, p = cache.scales.shape[1], cache.num_pages
     cap_in = max(kh * p, 1) if capacity is None else capacity
     if not isinstance(cap_in, int) or cap_in < 1:
         raise ValueError(f"capacity must be a positive int (pages per sequence), got {capacity!r}")
+    fallback = cap_in if fallback_capacity is None else fallback_capacity
+    if not isinstance(fallback, int) or fallback < 1:
+        raise ValueError(f"fallback_capacity must be a positive int (pages per KV head), got {fallback_capacity!r}")
     if keys is not None:
         if keys.shape != cache.residual.shape or cache.residual.dtype != jnp.float32:
             raise ValueError(f"keys must have the pages' shape {cache.residual.shape} with a float32 residual; got "
@@ -1032,7 +1038,7 @@ def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capaci
     if cache.scan_keys is None or p == 0:
         if keys is not None:
             return _exact_keys_decode(q, cache, keys, th)
-        return _exact_scan_decode(q, cache, th, cap_in, use_residual, chunk_pages)
+        return _exact_scan_decode(q, cache, th, fallback, use_residual, chunk_pages)
     m, err = int8_page_maxima(q, cache)
     cand, priority = _candidates(cache, th, m, err)
     cap = min(cap_in, kh * p)
@@ -1043,7 +1049,7 @@ def fast_ffd_decode(q: jax.Array, cache: FFDCache, *, delta: float = 5.0, capaci
 
     def exact():
         if keys is None:
-            return _exact_scan_decode(q, cache, th, cap_in, use_residual, chunk_pages)
+            return _exact_scan_decode(q, cache, th, fallback, use_residual, chunk_pages)
         # Many pages pass: attend to every kept page from the exact keys (a dense step's reads); the
         # exact scan settles the pages the int8 bounds leave open, or, past ``cap`` of them, every page.
         sure, unsure = _settled(cache, th, m, err)

@@ -147,15 +147,17 @@ def test_generate_with_ffd_decode(delta, equal):
         assert ffd.tokens.shape == dense.tokens.shape and not np.array_equal(ffd.tokens, dense.tokens)
 
 
-@pytest.mark.parametrize("delta, gather_fraction, kv_layout, selector", [
-    (1.0, 0.25, "bksd", "top_delta"), (3.0, 0.1, "bskd", "top_delta"), (float("inf"), 0.25, "bksd", "top_delta"),
-    (5.0, 0.25, "bskd", "quest")])
+@pytest.mark.parametrize("delta, gather_fraction, kv_layout, selector, residual", [
+    (1.0, 0.25, "bksd", "top_delta", "float32"), (3.0, 0.1, "bskd", "top_delta", "float32"),
+    (float("inf"), 0.25, "bksd", "top_delta", "float32"), (5.0, 0.25, "bskd", "quest", "float32"),
+    # A rounded residual: no exact-keys path; delta=inf with a 10% budget overflows into the exact scan.
+    (3.0, 0.25, "bskd", "top_delta", "bfloat16"), (float("inf"), 0.1, "bksd", "top_delta", "float8_e4m3fn")])
 def test_ffd_generate_with_quantized_pages_equals_requantizing_every_step(delta, gather_fraction, kv_layout,
-                                                                          selector):
+                                                                          selector, residual):
     """The FFD page slots of `init_cache` (pages quantized once, CPU fast path) give the tokens and log
     probabilities of a cache without them (every page quantized at every step, reference path)."""
     ffd_cfg = FFDConfig(page_size=4, delta=delta, gather_fraction=gather_fraction, selector=selector,
-                        kept_fraction=0.5)
+                        kept_fraction=0.5, residual_dtype=residual)
     cfg = TransformerConfig(vocab_size=VOCAB, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=48,
                             head_dim=16, attention=AttentionConfig(decode="ffd", ffd=ffd_cfg, kv_layout=kv_layout))
     model = Transformer(cfg, rngs=nnx.Rngs(0))
@@ -163,13 +165,14 @@ def test_ffd_generate_with_quantized_pages_equals_requantizing_every_step(delta,
     lengths = jnp.array([37, 30])
     paged = model.init_cache(2, 37 + 9)  # rounded up to whole pages: 48 tokens
     assert paged.capacity == 48 and paged.pages is not None and paged.pages[0].num_pages == 12
+    assert paged.pages[0].residual.dtype == jnp.dtype(residual)
     fast = generate(model, prompts, prompt_lengths=lengths, max_new_tokens=9, cache=paged)
     slow = generate(model, prompts, prompt_lengths=lengths, max_new_tokens=9, cache=paged.replace(pages=None))
     np.testing.assert_array_equal(fast.tokens, slow.tokens)
     np.testing.assert_allclose(fast.logprobs, slow.logprobs, atol=1e-5)
 
 
-def test_ffd_pages_of_another_page_size_are_rejected():
+def test_ffd_pages_of_another_page_size_or_residual_are_rejected():
     from models.kv_cache import init_cache
 
     cfg = TransformerConfig(vocab_size=VOCAB, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2, d_ff=48,
@@ -177,7 +180,11 @@ def test_ffd_pages_of_another_page_size_are_rejected():
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     cache = init_cache(num_layers=1, batch_size=1, capacity=16, num_kv_heads=2, head_dim=16, ffd_page_size=8,
                        layout=cfg.attention.resolved_kv_layout)
-    with pytest.raises(ValueError, match="page size 8 and 2 bits; attention.ffd has page_size=4"):
+    with pytest.raises(ValueError, match="page size 8, 2 bits and a float32 residual; attention.ffd has page_size=4"):
+        model(jnp.zeros((1, 1), jnp.int32), cache=cache)
+    cache = init_cache(num_layers=1, batch_size=1, capacity=16, num_kv_heads=2, head_dim=16, ffd_page_size=4,
+                       ffd_residual_dtype=jnp.bfloat16, layout=cfg.attention.resolved_kv_layout)
+    with pytest.raises(ValueError, match="bfloat16 residual; .*residual_dtype=float32"):
         model(jnp.zeros((1, 1), jnp.int32), cache=cache)
 
 

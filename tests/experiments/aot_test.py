@@ -200,3 +200,5 @@ def test_decode_flag_compiles_the_lm_decode_step_and_refuses_non_lm_targets(tmp_
     assert row["ok"] and row["context"] == 64 and row["in_place"] and not row["cache_copy"]
     assert cli.main(["aot", "toast", "--preset", "smoke", "--decode", "64"]) == 2
     assert "--decode applies to decoder LM targets; toast's model is a" in capsys.readouterr().out
+    assert cli.main(["aot", "lm_arithmetic", "--preset", "smoke", "--decode", "64", "--ffd-residual", "bfloat16"]) == 2
+    assert "--ffd-residual applies to --decode-attention ffd; got dense" in capsys.readouterr().out

@@ -52,6 +52,9 @@ CASES = [
                  r"attention\.ffd\.kept_fraction must be in \(0, 1\]; got 0\.0", id="config-zero-ffd-kept_fraction"),
     pytest.param(lambda: FFDConfig(gather_fraction=1.5), ValueError,
                  r"attention\.ffd\.gather_fraction must be in \(0, 1\]; got 1\.5", id="config-ffd-gather_fraction"),
+    pytest.param(lambda: FFDConfig(residual_dtype="float16"), ValueError,
+                 r"attention\.ffd\.residual_dtype must be one of \('float32', 'bfloat16', 'float8_e4m3fn'\); "
+                 r"got 'float16'", id="config-ffd-residual_dtype"),
     pytest.param(lambda: AttentionConfig(decode="sparse"), ValueError,
                  r"attention\.decode must be one of \('dense', 'kernel', 'ffd'\); got 'sparse'",
                  id="config-attention-decode"),

@@ -280,6 +280,13 @@ def test_fast_path_overflow_and_cache_without_scan_keys():
     got = ffd.fast_ffd_decode(q, c, delta=math.inf, capacity=3)  # more kept pages than capacity
     np.testing.assert_array_equal(got.overflow, np.sum(want.keep, -1) - 3)
     assert np.all(np.sum(got.keep, -1) == 3) and not np.any(got.keep & ~want.keep)
+    # fallback_capacity = every page: the same overflowing step keeps FFD's selection (a bfloat16 residual).
+    full = ffd.fast_ffd_decode(q, c, delta=math.inf, capacity=3, fallback_capacity=c.num_pages)
+    np.testing.assert_array_equal(full.keep, want.keep)
+    np.testing.assert_array_equal(full.overflow, 0)
+    np.testing.assert_allclose(full.out, want.out, atol=1e-5)
+    with pytest.raises(ValueError, match="fallback_capacity must be a positive int"):
+        ffd.fast_ffd_decode(q, c, fallback_capacity=0)
     bare = c._replace(scan_keys=None)  # the exact chunked scan only
     out = ffd.fast_ffd_decode(q, bare, delta=2.0)
     np.testing.assert_allclose(out.out, ffd.ffd_decode(q, c, delta=2.0).out, atol=1e-5)
