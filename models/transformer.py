@@ -146,7 +146,9 @@ class FFDConfig:
 
     Attributes:
       delta: FFD's threshold margin in log2 units (inf keeps every page; NaN rejected).
-      page_size: page size in tokens.
+      page_size: page size in tokens (128, the paper's code's default; on TPU a page's packed 2-bit codes
+        are then one whole 32 x 128 uint8 tile, where pages of 64 make XLA store the codes in another
+        layout and copy them for the kernel at every step).
       bits: key code width (2 or 4).
       selector: the page selector: "top_delta" (FFD, through the kernel dispatcher), or the baselines
         "top_k" (best pages by 2-bit scan maximum) and "quest" (best pages by per-page min/max key
@@ -166,7 +168,7 @@ class FFDConfig:
     """
 
     delta: float = 5.0
-    page_size: int = 64
+    page_size: int = 128
     bits: int = 2
     selector: str = "top_delta"
     kept_fraction: float = 0.1

@@ -38,8 +38,8 @@ __all__ = ["ffd_decode"]
 def _tpu_page_bytes(cache: ffd_ref.FFDCache) -> int:
     """VMEM bytes one page takes in a program's input blocks on TPU (codes, residual, values, scales),
     double-buffered by the pipeline."""
-    bs, dp, n = cache.page_size, cache.codes.shape[-1], 8 // cache.bits
-    one = (_backend.tpu_tile_bytes(bs, dp, cache.codes.dtype.itemsize)
+    bs, dp, n = cache.page_size, cache.codes.shape[3], 8 // cache.bits
+    one = (_backend.tpu_tile_bytes(dp, bs, cache.codes.dtype.itemsize)
            + _backend.tpu_tile_bytes(bs, cache.residual.shape[-1], cache.residual.dtype.itemsize)
            + _backend.tpu_tile_bytes(bs, cache.values.shape[-1], cache.values.dtype.itemsize)
            + n * _backend.tpu_tile_bytes(1, dp, cache.scales.dtype.itemsize))
@@ -85,12 +85,12 @@ def ffd_decode(q: jax.Array, cache: ffd_ref.FFDCache, *, delta: float = 5.0, use
         return jnp.pad(x, [(0, 0), (0, 0), (0, pp - p)] + [(0, 0)] * (x.ndim - 3))
 
     codes, res, vals = pad_pages(cache.codes), pad_pages(cache.residual), pad_pages(cache.values)
-    n, dp = 8 // cache.bits, codes.shape[-1]
+    n, dp = 8 // cache.bits, codes.shape[3]
     scales = pad_pages(cache.scales).reshape(b, kh, pp, n, 1, dp)  # channel c * dp + j -> plane c, lane j
     qplanes = qg.reshape(b, kh, gp, n, dp).transpose(0, 1, 3, 2, 4)  # [b, k, n, gp, dp]
 
-    def page_block(last):
-        return pl.BlockSpec((None, None, pps, bs, last), lambda i, hh, j: (i, hh, j, 0, 0))
+    def page_block(rows, last):
+        return pl.BlockSpec((None, None, pps, rows, last), lambda i, hh, j: (i, hh, j, 0, 0))
 
     len_spec = (pl.BlockSpec(memory_space=pltpu.SMEM) if impl == "pallas_tpu"
                 else pl.BlockSpec((b,), lambda i, hh, j: (0,)))
@@ -109,7 +109,7 @@ def ffd_decode(q: jax.Array, cache: ffd_ref.FFDCache, *, delta: float = 5.0, use
             in_specs=[len_spec, row(d),
                       pl.BlockSpec((None, None, n, gp, dp), lambda i, hh, j: (i, hh, 0, 0, 0)), row(1),
                       pl.BlockSpec((None, None, pps, n, 1, dp), lambda i, hh, j: (i, hh, j, 0, 0, 0)),
-                      page_block(dp), page_block(d), page_block(d)],
+                      page_block(dp, bs), page_block(bs, d), page_block(bs, d)],
             out_specs=[split_row(d), split_row(1), split_row(1),
                        pl.BlockSpec((None, None, None, pps, 1, 1), lambda i, hh, j: (i, hh, j, 0, 0, 0))],
             out_shape=[jax.ShapeDtypeStruct((b, kh, splits, gp, d), jnp.float32), stat, stat,

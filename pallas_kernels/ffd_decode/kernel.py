@@ -3,8 +3,9 @@
 Grid: (batch, kv_head, num_splits). Program (i, h, j) takes the query heads of KV head h of
 sequence i and the j-th contiguous range of ``pages_per_split`` pages, and for each full page:
 
-1. unpacks the page's 2/4-bit key codes (planar packing: plane ``c`` holds a contiguous block of
-   channels), scores every token in base 2 with ``shat = tau log2(e) ((q * S) . C - o sum(q * S))``;
+1. unpacks the page's 2/4-bit key codes (channel-major ``[d/n, bs]`` bytes, planar packing: plane
+   ``c`` holds a contiguous block of channels, so each plane is one ``[gp, d/n] @ [d/n, bs]``
+   product), scores every token in base 2 with ``shat = tau log2(e) ((q * S) . C - o sum(q * S))``;
 2. keeps the page for the whole group when any head's page maximum reaches its threshold
    (``m_ref - delta``, computed outside from the first and last full pages);
 3. only for a kept page (``lax.cond``: on GPU the loads of the residual and value tiles sit inside
@@ -18,7 +19,7 @@ per page. Layouts inside the kernel:
   th_ref     [gp, 1]           thresholds (log2); padded rows hold +1e30 and never pass
   scales_ref [pps, n, 1, d/n]  per-page per-channel scales, split into planes
 (planes come in as separate ref rows because Triton lowers no value slices).
-  codes_ref  [pps, bs, d/n]    packed codes (n = 8 / bits codes per byte)
+  codes_ref  [pps, d/n, bs]    packed codes, channel-major (n = 8 / bits codes per byte)
   res_ref    [pps, bs, d]      residual K - Khat
   v_ref      [pps, bs, d]      values
   o_ref [gp, d] f32, m_ref, l_ref [gp, 1], keep_ref [pps, 1, 1] int32
@@ -56,13 +57,13 @@ def ffd_kernel(len_ref, q_ref, qp_ref, th_ref, scales_ref, codes_ref, res_ref, v
 
     def body(t, carry):
         m, l, acc = carry
-        codes = codes_ref[t].astype(jnp.int32)  # [bs, dp]
+        codes = codes_ref[t].astype(jnp.int32)  # [dp, bs]
         dot = jnp.zeros((gp, page_size), jnp.float32)
         qs_sum = jnp.zeros((gp, 1), jnp.float32)
         for c in range(per_byte):  # static: the plane of channels c*dp .. (c+1)*dp - 1
             qs = qp_ref[c].astype(jnp.float32) * scales_ref[t, c].astype(jnp.float32)  # [gp, dp]
             plane = jnp.bitwise_and(jnp.right_shift(codes, c * bits), 2**bits - 1).astype(jnp.float32)
-            dot = dot + jax.lax.dot_general(qs, plane, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            dot = dot + jnp.dot(qs, plane, preferred_element_type=jnp.float32)  # [gp, dp] @ [dp, bs]
             qs_sum = qs_sum + jnp.sum(qs, axis=-1, keepdims=True)
         shat = tau * (dot - offset * qs_sum)  # [gp, bs]
         passes = (jnp.max(shat, axis=-1, keepdims=True) >= th).astype(jnp.float32)

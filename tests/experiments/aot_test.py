@@ -149,19 +149,21 @@ def test_the_decode_step_updates_its_cache_in_place_and_copies_no_cache_buffer_o
 
 @needs_libtpu
 def test_the_ffd_decode_step_compiles_for_tpu_and_updates_keys_values_and_pages_in_place():
-    """An FFD model's cache carries its quantized pages; the TPU step writes K, V and the pages in place. Not
-    asserted: that no cache-sized temporary exists. The packed codes' minor axis (d / 4 = 32 bytes) is
-    relaid out for the kernel (two 134 MB copies at this size), a limit of the code layout noted in
-    results/aot/decode_steps.json."""
+    """An FFD model's cache carries its quantized pages; the TPU step writes K, V and the pages in place,
+    and, with the default pages of 128 tokens (channel-major codes: one 32 x 128 uint8 tile per page),
+    copies none of it: the temporaries hold less than one layer's codes. (Token-major codes, [128, 32]
+    per page, took 142 MB of temporaries here, relayouts of the codes for the kernel; 6.5 MB now.)"""
     from experiments import aot
 
     row = aot.compile_decode_step(_decode_lm("ffd", "bksd"), topology="v5e:2x2", batch_size=2,
                                   context=_DECODE_CONTEXT)
     assert row["ok"], row["error"]
     kv = 2 * 2 * (2 * _DECODE_CONTEXT * 2 * 128 * 2)  # K and V, 2 layers, bf16
-    pages = _DECODE_CONTEXT // 64 * 2 * 2 * 2 * (64 * 128 * (4 + 0.25) + 3 * 128 * 4)  # residual, codes, bounds
+    pages = _DECODE_CONTEXT // 128 * 2 * 2 * 2 * (128 * 128 * (4 + 0.25) + 3 * 128 * 4)  # residual, codes, bounds
     assert row["cache_bytes"] >= kv + pages  # the pages are counted with the cache
     assert row["in_place"] and row["bytes"]["alias"] >= row["cache_bytes"]
+    layer_codes = 2 * 2 * _DECODE_CONTEXT * 128 // 4  # b, k, tokens x d 2-bit codes
+    assert row["bytes"]["temp"] < layer_codes, row["bytes"]
 
 
 @needs_libtpu

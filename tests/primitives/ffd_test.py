@@ -25,6 +25,11 @@ def problem():
     return q, keys, values, lengths
 
 
+def _unpacked(codes, bits):
+    """A cache's channel-major packed codes [..., d * bits / 8, bs] -> token-major codes [..., bs, d]."""
+    return jnp.swapaxes(ffd.unpack_codes(codes, bits, axis=-2), -1, -2)
+
+
 @pytest.fixture(scope="module")
 def cache(problem):
     _, keys, values, lengths = problem
@@ -35,7 +40,8 @@ def cache(problem):
 def test_quantizer_codes_in_range_error_bound_and_exact_residual(problem, bits):
     _, keys, values, lengths = problem
     c = ffd.build_cache(keys, values, lengths, page_size=BS, bits=bits)
-    codes = ffd.unpack_codes(c.codes, bits)
+    assert c.codes.shape == (B, KH, c.num_pages, D * bits // 8, BS)  # channel-major pages
+    codes = _unpacked(c.codes, bits)
     assert codes.dtype == jnp.uint8 and int(codes.max()) <= 2**bits - 1
     pages = np.asarray(keys[:, : c.num_pages * BS], np.float64).reshape(B, c.num_pages, BS, KH, D)
     pages = pages.transpose(0, 3, 1, 2, 4)  # head-major [b, k, p, bs, d]
@@ -63,6 +69,11 @@ def test_pack_unpack_round_trip_and_layout(bits, channels):
     per = 8 // bits
     expect = sum(int(codes[0, 0, i * (channels // per)]) << (bits * i) for i in range(per))  # planar layout
     assert int(packed[0, 0, 0]) == expect
+    # Along another axis (the cache's channel-major pages): the same bytes, that axis packed.
+    cols = ffd.pack_codes(jnp.swapaxes(codes, 1, 2), bits, axis=1)  # [3, channels * bits / 8, 5]
+    np.testing.assert_array_equal(cols, jnp.swapaxes(packed, 1, 2))
+    np.testing.assert_array_equal(ffd.unpack_codes(cols, bits, axis=1), jnp.swapaxes(codes, 1, 2))
+    np.testing.assert_array_equal(ffd.unpack_codes(cols, bits, axis=-2), jnp.swapaxes(codes, 1, 2))
 
 
 @pytest.mark.parametrize("bits", [2, 4])
@@ -74,12 +85,16 @@ def test_unpack_every_byte_value(bits):
         packed = np.resize(byte_values, (256 // n + 1) * n).reshape(-1, n)
         want = np.concatenate([(packed >> (bits * i)) & (2**bits - 1) for i in range(per)], axis=-1)
         np.testing.assert_array_equal(ffd.unpack_codes(jnp.asarray(packed), bits), want)
+    for cols in (64, 63):  # packed along the rows (axis 0): word path, byte path
+        packed = np.resize(byte_values, 5 * cols).reshape(5, cols)
+        rows = np.concatenate([(packed >> (bits * i)) & (2**bits - 1) for i in range(per)], axis=0)
+        np.testing.assert_array_equal(ffd.unpack_codes(jnp.asarray(packed), bits, axis=0), rows)
 
 
 def test_scan_score_identity(problem, cache):
     q = problem[0]
     shat = ffd.scan_scores(q, cache)
-    khat = ffd.dequantize_pages(ffd.unpack_codes(cache.codes, 2), cache.scales, 2)
+    khat = ffd.dequantize_pages(_unpacked(cache.codes, 2), cache.scales, 2)
     qg = q.reshape(B, KH, G, D)
     direct = jnp.einsum("bkgd,bkptd->bkgpt", qg, khat) * ffd.LOG2E / math.sqrt(D)
     np.testing.assert_allclose(shat, direct, rtol=1e-5, atol=1e-5)
@@ -226,7 +241,7 @@ def test_int8_scan_bound_holds_and_candidates_cover_the_selection(problem, bits)
     q, keys, values, lengths = problem
     c = ffd.build_cache(keys, values, lengths, page_size=BS, bits=bits)
     assert c.scan_keys.dtype == jnp.int8
-    khat = np.asarray(ffd.dequantize_pages(ffd.unpack_codes(c.codes, bits), c.scales, bits), np.float64)
+    khat = np.asarray(ffd.dequantize_pages(_unpacked(c.codes, bits), c.scales, bits), np.float64)
     a = np.asarray(c.scan_scales, np.float64)[..., None, None]
     k8 = np.asarray(c.scan_keys, np.float64)
     assert np.all(np.abs(khat - a * k8) <= a / 2 * (1 + 1e-5))  # the scan keys' rounding bound
