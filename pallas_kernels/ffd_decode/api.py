@@ -10,9 +10,13 @@ splits are merged with the exact attention over the current incomplete page by t
 log-sum-exp combine (`primitives.attention.combine_partials`). Returns `primitives.ffd.FFDOutput`
 with the kernel's own keep flags, so a test can check it made the reference's selection.
 
+On TPU the kernel is `ffd_kernel_dma`: the residual and values stay in HBM and only kept pages are
+copied in (double-buffered DMAs), so a dropped page costs its codes and scales alone; elsewhere
+(Triton, and the interpreter for "pallas_triton") `ffd_kernel` takes every page through its BlockSpecs.
 Compiles for TPU (libtpu 0.0.42.1, batch 8, 32/8 heads, d 128, bf16) up to 256k tokens on v5e and 512k
-on v6e (the largest tried; pages of 128, bfloat16 residuals, `pallas_kernels.aot`'s case); beyond, on
-v5e the cache alone (21.4 GiB at 512k) exceeds the chip's 16 GiB of HBM (not compiled).
+on v6e (the largest tried; pages of 128, bfloat16 residuals, `pallas_kernels.aot`'s case; 336 and 673 MB
+of temporaries); beyond, on v5e the cache alone (21.4 GiB at 512k) exceeds the chip's 16 GiB of HBM
+(not compiled).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels import _backend
 from pallas_kernels.ffd_decode.config import FFDBlockSizes
 from pallas_kernels.ffd_decode.cost import ffd_cost
-from pallas_kernels.ffd_decode.kernel import LOG2E, ffd_kernel
+from pallas_kernels.ffd_decode.kernel import LOG2E, ffd_kernel, ffd_kernel_dma
 from primitives import attention as attn_ref
 from primitives import ffd as ffd_ref
 
@@ -36,12 +40,10 @@ __all__ = ["ffd_decode"]
 
 
 def _tpu_page_bytes(cache: ffd_ref.FFDCache) -> int:
-    """VMEM bytes one page takes in a program's input blocks on TPU (codes, residual, values, scales),
-    double-buffered by the pipeline."""
+    """VMEM bytes one page takes in a program's input blocks on TPU (codes and scales, double-buffered by
+    the pipeline; the residual and values stay in HBM and are copied per kept page)."""
     bs, dp, n = cache.page_size, cache.codes.shape[3], 8 // cache.bits
     one = (_backend.tpu_tile_bytes(dp, bs, cache.codes.dtype.itemsize)
-           + _backend.tpu_tile_bytes(bs, cache.residual.shape[-1], cache.residual.dtype.itemsize)
-           + _backend.tpu_tile_bytes(bs, cache.values.shape[-1], cache.values.dtype.itemsize)
            + n * _backend.tpu_tile_bytes(1, dp, cache.scales.dtype.itemsize))
     return 2 * one
 
@@ -84,7 +86,9 @@ def ffd_decode(q: jax.Array, cache: ffd_ref.FFDCache, *, delta: float = 5.0, use
     def pad_pages(x):  # page axis 2; padded pages lie past every sequence's full pages
         return jnp.pad(x, [(0, 0), (0, 0), (0, pp - p)] + [(0, 0)] * (x.ndim - 3))
 
-    codes, res, vals = pad_pages(cache.codes), pad_pages(cache.residual), pad_pages(cache.values)
+    tpu = impl == "pallas_tpu"  # residual and values stay in HBM: copied per kept page, never padded
+    codes = pad_pages(cache.codes)
+    res, vals = (cache.residual, cache.values) if tpu else (pad_pages(cache.residual), pad_pages(cache.values))
     n, dp = 8 // cache.bits, codes.shape[3]
     scales = pad_pages(cache.scales).reshape(b, kh, pp, n, 1, dp)  # channel c * dp + j -> plane c, lane j
     qplanes = qg.reshape(b, kh, gp, n, dp).transpose(0, 1, 3, 2, 4)  # [b, k, n, gp, dp]
@@ -99,8 +103,11 @@ def ffd_decode(q: jax.Array, cache: ffd_ref.FFDCache, *, delta: float = 5.0, use
     cost = ffd_cost(batch=b, tokens=p * bs, num_heads=h, num_kv_heads=kh, head_dim=d, page_size=bs,
                     bits=cache.bits, residual_itemsize=cache.residual.dtype.itemsize,
                     v_itemsize=cache.values.dtype.itemsize, q_itemsize=q.dtype.itemsize)
-    kernel = functools.partial(ffd_kernel, bits=cache.bits, page_size=bs, pages_per_split=pps,
-                               use_residual=use_residual)
+    kernel = functools.partial(ffd_kernel_dma if tpu else ffd_kernel, bits=cache.bits, page_size=bs,
+                               pages_per_split=pps, use_residual=use_residual)
+    in_hbm = pl.BlockSpec(memory_space=pl.ANY)
+    scratch = [pltpu.VMEM((2, bs, d), res.dtype), pltpu.VMEM((2, bs, d), vals.dtype),
+               pltpu.SemaphoreType.DMA((2, 2)), pltpu.SMEM((pps,), jnp.int32)] if tpu else []
     stat = jax.ShapeDtypeStruct((b, kh, splits, gp, 1), jnp.float32)
     with _backend.quiet_triton_deprecation():
         o, m, l, keep = pl.pallas_call(
@@ -109,11 +116,12 @@ def ffd_decode(q: jax.Array, cache: ffd_ref.FFDCache, *, delta: float = 5.0, use
             in_specs=[len_spec, row(d),
                       pl.BlockSpec((None, None, n, gp, dp), lambda i, hh, j: (i, hh, 0, 0, 0)), row(1),
                       pl.BlockSpec((None, None, pps, n, 1, dp), lambda i, hh, j: (i, hh, j, 0, 0, 0)),
-                      page_block(dp, bs), page_block(bs, d), page_block(bs, d)],
+                      page_block(dp, bs)] + ([in_hbm, in_hbm] if tpu else [page_block(bs, d), page_block(bs, d)]),
             out_specs=[split_row(d), split_row(1), split_row(1),
                        pl.BlockSpec((None, None, None, pps, 1, 1), lambda i, hh, j: (i, hh, j, 0, 0, 0))],
             out_shape=[jax.ShapeDtypeStruct((b, kh, splits, gp, d), jnp.float32), stat, stat,
                        jax.ShapeDtypeStruct((b, kh, splits, pps, 1, 1), jnp.int32)],
+            scratch_shapes=scratch,
             compiler_params=_backend.compiler_params(impl, dimension_semantics=("parallel",) * 3),
             interpret=_backend.resolve_interpret(interpret),
             cost_estimate=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed),

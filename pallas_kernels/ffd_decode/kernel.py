@@ -23,8 +23,15 @@ per page. Layouts inside the kernel:
   res_ref    [pps, bs, d]      residual K - Khat
   v_ref      [pps, bs, d]      values
   o_ref [gp, d] f32, m_ref, l_ref [gp, 1], keep_ref [pps, 1, 1] int32
-On TPU the BlockSpec pipeline prefetches every tile of the split, so skipping saves compute but not
-bandwidth there; a manual-DMA variant (memory_space=ANY + make_async_copy) is the TPU follow-up.
+Two data-movement shells share that per-page math (`_page_scores`, `_online_update`):
+
+* `ffd_kernel` (Triton, and the interpreter): every block comes in through its BlockSpec; on GPU the
+  residual and value loads sit inside the kept-page branch, so dropped pages are never read.
+* `ffd_kernel_dma` (TPU): a BlockSpec pipeline would prefetch every page's residual and value tiles
+  whether kept or not, so those two stay in HBM (``memory_space=ANY``). The program first scans all
+  of its pages from the codes (in VMEM) and lists the kept ones in SMEM, then walks that list with
+  double-buffered DMAs (``make_async_copy``): page ``n + 1``'s residual and values are in flight while
+  page ``n`` is attended. A dropped page costs its codes and scales only.
 """
 
 from __future__ import annotations
@@ -34,60 +41,139 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels._common import MASK_VALUE  # finite running-max start: exp2(m_old - m_new) stays finite
 
 LOG2E = math.log2(math.e)
 
 
+def _page_scores(codes_ref, qp_ref, scales_ref, t, *, bits: int, tau: float) -> jax.Array:
+    """Base-2 scan scores [gp, bs] of page ``t``: ``tau log2(e) ((q * S) . C - o sum(q * S))`` plane by plane."""
+    codes = codes_ref[t].astype(jnp.int32)  # [dp, bs]
+    gp, bs = qp_ref.shape[1], codes.shape[-1]
+    dot = jnp.zeros((gp, bs), jnp.float32)
+    qs_sum = jnp.zeros((gp, 1), jnp.float32)
+    for c in range(8 // bits):  # static: the plane of channels c*dp .. (c+1)*dp - 1
+        qs = qp_ref[c].astype(jnp.float32) * scales_ref[t, c].astype(jnp.float32)  # [gp, dp]
+        plane = jnp.bitwise_and(jnp.right_shift(codes, c * bits), 2**bits - 1).astype(jnp.float32)
+        dot = dot + jnp.dot(qs, plane, preferred_element_type=jnp.float32)  # [gp, dp] @ [dp, bs]
+        qs_sum = qs_sum + jnp.sum(qs, axis=-1, keepdims=True)
+    return tau * (dot - (2**bits - 1) / 2 * qs_sum)
+
+
+def _keeps(shat: jax.Array, th: jax.Array) -> jax.Array:
+    """Scalar bool: some head's page maximum reaches its threshold."""
+    return jnp.max((jnp.max(shat, axis=-1, keepdims=True) >= th).astype(jnp.float32)) > 0.0
+
+
+def _online_update(carry, s: jax.Array, v: jax.Array):
+    """Base-2 online-softmax step over one page: scores s [gp, bs], values v [bs, d] float32."""
+    m, l, acc = carry
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
+    p = jnp.exp2(s - m_new)
+    alpha = jnp.exp2(m - m_new)
+    return (m_new, alpha * l + jnp.sum(p, axis=-1, keepdims=True),
+            alpha * acc + jnp.dot(p, v, preferred_element_type=jnp.float32))
+
+
+def _refine(s: jax.Array, q: jax.Array, r: jax.Array, tau: float) -> jax.Array:
+    """Refined scores ``s + tau log2(e) q . r`` of a page with residual r [bs, d]."""
+    return s + tau * jax.lax.dot_general(q, r.astype(jnp.float32), (((1,), (1,)), ((), ())),
+                                         preferred_element_type=jnp.float32)
+
+
+def _init(gp: int, d: int):
+    return (jnp.full((gp, 1), MASK_VALUE, jnp.float32), jnp.zeros((gp, 1), jnp.float32),
+            jnp.zeros((gp, d), jnp.float32))
+
+
+def _live_pages(len_ref, page_size: int, pages_per_split: int):
+    """(first page of this program's split, its number of full pages)."""
+    full = jax.lax.div(len_ref[pl.program_id(0)], page_size)
+    first = pl.program_id(2) * pages_per_split
+    return first, jnp.clip(full - first, 0, pages_per_split)
+
+
+def _write(o_ref, m_ref, l_ref, carry):
+    m, l, acc = carry
+    o_ref[...] = acc
+    m_ref[...] = m
+    l_ref[...] = l
+
+
 def ffd_kernel(len_ref, q_ref, qp_ref, th_ref, scales_ref, codes_ref, res_ref, v_ref, o_ref, m_ref, l_ref, keep_ref, *,
                bits: int, page_size: int, pages_per_split: int, use_residual: bool):
-    i = pl.program_id(0)
-    j = pl.program_id(2)
-    full = jax.lax.div(len_ref[i], page_size)
-    first = j * pages_per_split
-    live = jnp.clip(full - first, 0, pages_per_split)
+    _, live = _live_pages(len_ref, page_size, pages_per_split)
     gp, d = q_ref.shape
-    per_byte = 8 // bits
-    offset = (2**bits - 1) / 2
     tau = LOG2E / math.sqrt(d)
     q = q_ref[...].astype(jnp.float32)
     th = th_ref[...]
     keep_ref[...] = jnp.zeros(keep_ref.shape, jnp.int32)
 
     def body(t, carry):
-        m, l, acc = carry
-        codes = codes_ref[t].astype(jnp.int32)  # [dp, bs]
-        dot = jnp.zeros((gp, page_size), jnp.float32)
-        qs_sum = jnp.zeros((gp, 1), jnp.float32)
-        for c in range(per_byte):  # static: the plane of channels c*dp .. (c+1)*dp - 1
-            qs = qp_ref[c].astype(jnp.float32) * scales_ref[t, c].astype(jnp.float32)  # [gp, dp]
-            plane = jnp.bitwise_and(jnp.right_shift(codes, c * bits), 2**bits - 1).astype(jnp.float32)
-            dot = dot + jnp.dot(qs, plane, preferred_element_type=jnp.float32)  # [gp, dp] @ [dp, bs]
-            qs_sum = qs_sum + jnp.sum(qs, axis=-1, keepdims=True)
-        shat = tau * (dot - offset * qs_sum)  # [gp, bs]
-        passes = (jnp.max(shat, axis=-1, keepdims=True) >= th).astype(jnp.float32)
-        keep = jnp.max(passes) > 0.0
+        shat = _page_scores(codes_ref, qp_ref, scales_ref, t, bits=bits, tau=tau)
+        keep = _keeps(shat, th)
         keep_ref[t] = jnp.full((1, 1), keep.astype(jnp.int32))
 
         def attend(carry):
-            m, l, acc = carry
-            s = shat
-            if use_residual:
-                r = res_ref[t].astype(jnp.float32)
-                s = s + tau * jax.lax.dot_general(q, r, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
-            p = jnp.exp2(s - m_new)
-            alpha = jnp.exp2(m - m_new)
-            v = v_ref[t].astype(jnp.float32)
-            return (m_new, alpha * l + jnp.sum(p, axis=-1, keepdims=True),
-                    alpha * acc + jnp.dot(p, v, preferred_element_type=jnp.float32))
+            s = _refine(shat, q, res_ref[t], tau) if use_residual else shat
+            return _online_update(carry, s, v_ref[t].astype(jnp.float32))
 
-        return jax.lax.cond(keep, attend, lambda c: c, (m, l, acc))
+        return jax.lax.cond(keep, attend, lambda c: c, carry)
 
-    init = (jnp.full((gp, 1), MASK_VALUE, jnp.float32), jnp.zeros((gp, 1), jnp.float32),
-            jnp.zeros((gp, d), jnp.float32))
-    m, l, acc = jax.lax.fori_loop(0, live, body, init)
-    o_ref[...] = acc
-    m_ref[...] = m
-    l_ref[...] = l
+    _write(o_ref, m_ref, l_ref, jax.lax.fori_loop(0, live, body, _init(gp, d)))
+
+
+def ffd_kernel_dma(len_ref, q_ref, qp_ref, th_ref, scales_ref, codes_ref, res_hbm, v_hbm, o_ref, m_ref, l_ref,
+                   keep_ref, res_buf, v_buf, sem, kept_ref, *, bits: int, page_size: int, pages_per_split: int,
+                   use_residual: bool):
+    """The TPU shell: residual and values [b, k, p, bs, d] stay in HBM and only kept pages are copied.
+
+    Scratch: ``res_buf`` / ``v_buf`` [2, bs, d] VMEM (two slots), ``sem`` DMA semaphores [2 (residual,
+    values), 2 (slot)], ``kept_ref`` [pages_per_split] SMEM int32 (this split's kept pages, in order).
+    """
+    i, hh = pl.program_id(0), pl.program_id(1)
+    first, live = _live_pages(len_ref, page_size, pages_per_split)
+    gp, d = q_ref.shape
+    tau = LOG2E / math.sqrt(d)
+    q = q_ref[...].astype(jnp.float32)
+    th = th_ref[...]
+    keep_ref[...] = jnp.zeros(keep_ref.shape, jnp.int32)
+
+    def scan(t, n):  # phase 1: the codes of every page; list the kept ones
+        keep = _keeps(_page_scores(codes_ref, qp_ref, scales_ref, t, bits=bits, tau=tau), th)
+        keep_ref[t] = jnp.full((1, 1), keep.astype(jnp.int32))
+        kept_ref[n] = t  # overwritten by the next page unless this one is kept
+        return n + keep.astype(jnp.int32)
+
+    n = jax.lax.fori_loop(0, live, scan, 0)
+
+    def copies(idx, slot):  # the DMAs of the idx-th kept page into a buffer slot
+        page = first + kept_ref[idx]
+        out = [pltpu.make_async_copy(v_hbm.at[i, hh, page], v_buf.at[slot], sem.at[1, slot])]
+        if use_residual:
+            out.append(pltpu.make_async_copy(res_hbm.at[i, hh, page], res_buf.at[slot], sem.at[0, slot]))
+        return out
+
+    @pl.when(n > 0)
+    def _():
+        for c in copies(0, 0):
+            c.start()
+
+    def attend(idx, carry):  # phase 2: kept pages, the next one's copies in flight
+        slot = jax.lax.rem(idx, 2)
+        for c in copies(idx, slot):
+            c.wait()
+
+        @pl.when(idx + 1 < n)
+        def _():
+            for c in copies(idx + 1, 1 - slot):
+                c.start()
+
+        s = _page_scores(codes_ref, qp_ref, scales_ref, kept_ref[idx], bits=bits, tau=tau)  # recomputed: cheap
+        if use_residual:
+            s = _refine(s, q, res_buf[slot], tau)
+        return _online_update(carry, s, v_buf[slot].astype(jnp.float32))
+
+    _write(o_ref, m_ref, l_ref, jax.lax.fori_loop(0, n, attend, _init(gp, d)))

@@ -27,11 +27,13 @@ CASES = [
     ("pallas_triton", 2, 3, 64, 150, [150, 61, 0], 16, 2, 3),
     ("pallas_tpu", 1, 4, 16, 100, [100, 8, 77], 8, 4, 2),
     ("pallas_triton", 2, 1, 64, 96, [96, 95, 40], 16, 2, 1),
+    # TPU's manual-DMA shell with pages dropped, a sequence without a full page and splits left empty
+    ("pallas_tpu", 2, 2, 64, 150, [150, 61, 0], 16, 2, 4),
 ]
 
 
 @pytest.mark.parametrize("impl, kh, g, d, s, lengths, page_size, bits, splits, delta",
-                         [case + (delta,) for case, delta in zip(CASES, (2.0, math.inf, 2.0))])
+                         [case + (delta,) for case, delta in zip(CASES, (2.0, math.inf, 2.0, 0.5))])
 def test_interpret_matches_reference_and_makes_the_same_selection(impl, kh, g, d, s, lengths, page_size, bits,
                                                                   splits, delta):
     q, _, _, cache = _problem(3, kh, g, d, s, lengths, page_size, bits=bits)
@@ -53,12 +55,14 @@ def test_split_count_does_not_change_the_result():
         np.testing.assert_array_equal(o.keep, outs[0].keep)
 
 
-def test_fp8_residual_and_no_residual_paths_match_reference():
+@pytest.mark.parametrize("impl", ["pallas_triton", "pallas_tpu"])
+def test_fp8_residual_and_no_residual_paths_match_reference(impl):
     q, _, _, cache = _problem(1, 1, 2, 64, 48, [40], 16, seed=2, residual_dtype=jnp.float8_e4m3fn)
     for use_residual in (True, False):
         want = ref.ffd_decode(q, cache, delta=4.0, use_residual=use_residual)
-        got = ffd_decode(q, cache, delta=4.0, use_residual=use_residual, implementation="pallas_triton",
+        got = ffd_decode(q, cache, delta=4.0, use_residual=use_residual, implementation=impl,
                          interpret=True, block_sizes=FFDBlockSizes(num_splits=2))
+        np.testing.assert_array_equal(got.keep, want.keep)
         np.testing.assert_allclose(got.out, want.out, atol=1e-5)
 
 
@@ -87,21 +91,24 @@ def test_cost_model_counts():
 
 
 def test_tpu_default_splits_keep_a_split_s_pages_within_scoped_vmem():
-    """At the production case of `pallas_kernels.aot` (batch 8, 8 KV heads, 256 pages of 128 tokens),
-    the program-count default (2 splits) took 20.12 MiB of scoped VMEM on v5e (limit 16 MiB); with the
-    page's VMEM given, the default splits until a split's pages fit the budget. Without it (other
-    backends) the default is unchanged."""
+    """A TPU program holds its split's codes and scales in VMEM (the residual and values stay in HBM).
+    At batch 8, 8 KV heads and 262k tokens in pages of 128 (2048 pages), the program-count default (2
+    splits) would put 1024 pages' blocks in one program, beyond the scoped-VMEM budget; with the page's
+    VMEM given, the default splits until a split's pages fit. Without it (other backends) the default is
+    unchanged. (When every page's residual and values were VMEM blocks too, 2 splits at 32k tokens
+    already took 20.12 MiB on v5e, limit 16 MiB.)"""
     from pallas_kernels import _backend
     from pallas_kernels.ffd_decode import api, config
 
-    s = 32768
+    s, pages = 262144, 2048
     sd = jax.ShapeDtypeStruct
     cache = jax.eval_shape(lambda k, v, n: ref.build_cache(k, v, n, page_size=128, residual_dtype=jnp.bfloat16),
                            sd((8, s, 8, 128), jnp.bfloat16), sd((8, s, 8, 128), jnp.bfloat16), sd((8,), jnp.int32))
-    plain = config.FFDBlockSizes.default(num_pages=256, batch=8, kv_heads=8)
+    plain = config.FFDBlockSizes.default(num_pages=pages, batch=8, kv_heads=8)
     assert plain.num_splits == 2
     per_page = api._tpu_page_bytes(cache)
-    bs = config.FFDBlockSizes.default(num_pages=256, batch=8, kv_heads=8, page_vmem_bytes=per_page)
+    assert per_page == 2 * (32 * 128 + 4 * 8 * 128 * 4)  # codes [32, 128] uint8 + 4 scale planes [1, 32] f32
+    bs = config.FFDBlockSizes.default(num_pages=pages, batch=8, kv_heads=8, page_vmem_bytes=per_page)
     assert bs.num_splits > plain.num_splits
-    assert -(-256 // bs.num_splits) * per_page <= _backend.TPU_BLOCK_VMEM_BUDGET
-    assert -(-256 // (bs.num_splits // 2)) * per_page > _backend.TPU_BLOCK_VMEM_BUDGET  # the fewest that fit
+    assert -(-pages // bs.num_splits) * per_page <= _backend.TPU_BLOCK_VMEM_BUDGET
+    assert -(-pages // (bs.num_splits // 2)) * per_page > _backend.TPU_BLOCK_VMEM_BUDGET  # the fewest that fit
