@@ -14,8 +14,8 @@ On TPU the kernel is `ffd_kernel_dma`: the residual and values stay in HBM and o
 copied in (double-buffered DMAs), so a dropped page costs its codes and scales alone; elsewhere
 (Triton, and the interpreter for "pallas_triton") `ffd_kernel` takes every page through its BlockSpecs.
 Compiles for TPU (libtpu 0.0.42.1, batch 8, 32/8 heads, d 128, bf16) up to 256k tokens on v5e and 512k
-on v6e (the largest tried; pages of 128, bfloat16 residuals, `pallas_kernels.aot`'s case; 336 and 673 MB
-of temporaries); beyond, on v5e the cache alone (21.4 GiB at 512k) exceeds the chip's 16 GiB of HBM
+on v6e (the largest tried; pages of 128, bfloat16 residuals, `pallas_kernels.aot`'s case; 1.4 MB of
+temporaries: the kernel reads the cache's arrays as they are); beyond, on v5e the cache alone (21.4 GiB at 512k) exceeds the chip's 16 GiB of HBM
 (not compiled).
 """
 
@@ -40,12 +40,12 @@ __all__ = ["ffd_decode"]
 
 
 def _tpu_page_bytes(cache: ffd_ref.FFDCache) -> int:
-    """VMEM bytes one page takes in a program's input blocks on TPU (codes and scales, double-buffered by
-    the pipeline; the residual and values stay in HBM and are copied per kept page)."""
-    bs, dp, n = cache.page_size, cache.codes.shape[3], 8 // cache.bits
-    one = (_backend.tpu_tile_bytes(dp, bs, cache.codes.dtype.itemsize)
-           + n * _backend.tpu_tile_bytes(1, dp, cache.scales.dtype.itemsize))
-    return 2 * one
+    """VMEM bytes one page takes in a program's input blocks on TPU (its codes tile and its row of the
+    scales block, double-buffered by the pipeline; the residual and values stay in HBM and are copied
+    per kept page)."""
+    bs, dp = cache.page_size, cache.codes.shape[3]
+    return 2 * (_backend.tpu_tile_bytes(dp, bs, cache.codes.dtype.itemsize)
+                + cache.scales.shape[-1] * cache.scales.dtype.itemsize)
 
 
 @functools.partial(jax.jit, static_argnames=("delta", "use_residual", "block_sizes", "implementation", "interpret"))
@@ -79,55 +79,70 @@ def ffd_decode(q: jax.Array, cache: ffd_ref.FFDCache, *, delta: float = 5.0, use
     gp = _backend.padded_rows(g, impl)
     qg = jnp.pad(q.reshape(b, kh, g, d), ((0, 0), (0, 0), (0, gp - g), (0, 0)))
     thp = jnp.pad(th, ((0, 0), (0, 0), (0, gp - g)), constant_values=1e30)[..., None]
+    tpu = impl == "pallas_tpu"
     splits = max(1, min(cfg.num_splits, p))
     pps = max(1, -(-p // splits))
+    if tpu:  # a split's [pps, d] scales block needs pps a multiple of 8; the last split may run past p
+        pps = -(-pps // 8) * 8
+        splits = max(1, -(-p // pps))
     pp = pps * splits
 
-    def pad_pages(x):  # page axis 2; padded pages lie past every sequence's full pages
-        return jnp.pad(x, [(0, 0), (0, 0), (0, pp - p)] + [(0, 0)] * (x.ndim - 3))
-
-    tpu = impl == "pallas_tpu"  # residual and values stay in HBM: copied per kept page, never padded
-    codes = pad_pages(cache.codes)
-    res, vals = (cache.residual, cache.values) if tpu else (pad_pages(cache.residual), pad_pages(cache.values))
-    n, dp = 8 // cache.bits, codes.shape[3]
-    scales = pad_pages(cache.scales).reshape(b, kh, pp, n, 1, dp)  # channel c * dp + j -> plane c, lane j
-    qplanes = qg.reshape(b, kh, gp, n, dp).transpose(0, 1, 3, 2, 4)  # [b, k, n, gp, dp]
+    def pad_pages(x, to):  # page axis 2; padded pages lie past every sequence's full pages
+        return jnp.pad(x, [(0, 0), (0, 0), (0, to - p)] + [(0, 0)] * (x.ndim - 3))
 
     def page_block(rows, last):
         return pl.BlockSpec((None, None, pps, rows, last), lambda i, hh, j: (i, hh, j, 0, 0))
 
-    len_spec = (pl.BlockSpec(memory_space=pltpu.SMEM) if impl == "pallas_tpu"
-                else pl.BlockSpec((b,), lambda i, hh, j: (0,)))
+    n, dp = 8 // cache.bits, cache.codes.shape[3]
     row = lambda last: pl.BlockSpec((None, None, gp, last), lambda i, hh, j: (i, hh, 0, 0))
     split_row = lambda last: pl.BlockSpec((None, None, None, gp, last), lambda i, hh, j: (i, hh, j, 0, 0))
+    kernel_args = dict(bits=cache.bits, page_size=bs, pages_per_split=pps, use_residual=use_residual)
+    if tpu:
+        # The cache's own arrays (a padded copy would cost a pass over the cache per step; only a cache
+        # shorter than one split is padded): residual and values stay in HBM, copied per kept page.
+        codes, scales = pad_pages(cache.codes, max(p, pps)), pad_pages(cache.scales, max(p, pps))
+        kernel = functools.partial(ffd_kernel_dma, **kernel_args)
+        in_hbm = pl.BlockSpec(memory_space=pl.ANY)
+        in_specs = [pl.BlockSpec(memory_space=pltpu.SMEM), row(d), row(1),
+                    pl.BlockSpec((None, None, pps, d), lambda i, hh, j: (i, hh, j, 0)), page_block(dp, bs),
+                    in_hbm, in_hbm]
+        args = (cache.lengths, qg, thp, scales, codes, cache.residual, cache.values)
+        keep_spec = pl.BlockSpec((None, None, None, 1, pps), lambda i, hh, j: (i, hh, j, 0, 0))
+        keep_shape = (b, kh, splits, 1, pps)
+        scratch = [pltpu.VMEM((2, bs, d), cache.residual.dtype), pltpu.VMEM((2, bs, d), cache.values.dtype),
+                   pltpu.SemaphoreType.DMA((2, 2)), pltpu.SMEM((pps,), jnp.int32)]
+    else:
+        kernel = functools.partial(ffd_kernel, **kernel_args)
+        scales = pad_pages(cache.scales, pp).reshape(b, kh, pp, n, 1, dp)  # channel c * dp + j -> plane c, lane j
+        qplanes = qg.reshape(b, kh, gp, n, dp).transpose(0, 1, 3, 2, 4)  # [b, k, n, gp, dp]
+        in_specs = [pl.BlockSpec((b,), lambda i, hh, j: (0,)), row(d),
+                    pl.BlockSpec((None, None, n, gp, dp), lambda i, hh, j: (i, hh, 0, 0, 0)), row(1),
+                    pl.BlockSpec((None, None, pps, n, 1, dp), lambda i, hh, j: (i, hh, j, 0, 0, 0)),
+                    page_block(dp, bs), page_block(bs, d), page_block(bs, d)]
+        args = (cache.lengths, qg, qplanes, thp, scales, pad_pages(cache.codes, pp), pad_pages(cache.residual, pp),
+                pad_pages(cache.values, pp))
+        keep_spec = pl.BlockSpec((None, None, None, pps, 1, 1), lambda i, hh, j: (i, hh, j, 0, 0, 0))
+        keep_shape = (b, kh, splits, pps, 1, 1)
+        scratch = []
     cost = ffd_cost(batch=b, tokens=p * bs, num_heads=h, num_kv_heads=kh, head_dim=d, page_size=bs,
                     bits=cache.bits, residual_itemsize=cache.residual.dtype.itemsize,
                     v_itemsize=cache.values.dtype.itemsize, q_itemsize=q.dtype.itemsize)
-    kernel = functools.partial(ffd_kernel_dma if tpu else ffd_kernel, bits=cache.bits, page_size=bs,
-                               pages_per_split=pps, use_residual=use_residual)
-    in_hbm = pl.BlockSpec(memory_space=pl.ANY)
-    scratch = [pltpu.VMEM((2, bs, d), res.dtype), pltpu.VMEM((2, bs, d), vals.dtype),
-               pltpu.SemaphoreType.DMA((2, 2)), pltpu.SMEM((pps,), jnp.int32)] if tpu else []
     stat = jax.ShapeDtypeStruct((b, kh, splits, gp, 1), jnp.float32)
     with _backend.quiet_triton_deprecation():
         o, m, l, keep = pl.pallas_call(
             kernel,
             grid=(b, kh, splits),
-            in_specs=[len_spec, row(d),
-                      pl.BlockSpec((None, None, n, gp, dp), lambda i, hh, j: (i, hh, 0, 0, 0)), row(1),
-                      pl.BlockSpec((None, None, pps, n, 1, dp), lambda i, hh, j: (i, hh, j, 0, 0, 0)),
-                      page_block(dp, bs)] + ([in_hbm, in_hbm] if tpu else [page_block(bs, d), page_block(bs, d)]),
-            out_specs=[split_row(d), split_row(1), split_row(1),
-                       pl.BlockSpec((None, None, None, pps, 1, 1), lambda i, hh, j: (i, hh, j, 0, 0, 0))],
+            in_specs=in_specs,
+            out_specs=[split_row(d), split_row(1), split_row(1), keep_spec],
             out_shape=[jax.ShapeDtypeStruct((b, kh, splits, gp, d), jnp.float32), stat, stat,
-                       jax.ShapeDtypeStruct((b, kh, splits, pps, 1, 1), jnp.int32)],
+                       jax.ShapeDtypeStruct(keep_shape, jnp.int32)],
             scratch_shapes=scratch,
             compiler_params=_backend.compiler_params(impl, dimension_semantics=("parallel",) * 3),
             interpret=_backend.resolve_interpret(interpret),
             cost_estimate=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed),
                                           transcendentals=int(cost.transcendentals)),
             name="ffd_decode",
-        )(cache.lengths, qg, qplanes, thp, scales, codes, res, vals)
+        )(*args)
 
     # Splits -> normalized partials with natural-log lse: [splits, b, h(, d)].
     o = o[:, :, :, :g].transpose(2, 0, 1, 3, 4).reshape(splits, b, h, d)

@@ -62,6 +62,17 @@ def _page_scores(codes_ref, qp_ref, scales_ref, t, *, bits: int, tau: float) -> 
     return tau * (dot - (2**bits - 1) / 2 * qs_sum)
 
 
+def _page_scores_tpu(codes_ref, q: jax.Array, scales_ref, t, *, bits: int, tau: float) -> jax.Array:
+    """`_page_scores` with the planes stacked along sublanes: one ``[gp, d] @ [d, bs]`` product, and the
+    scales read as page ``t``'s row of a ``[pps, d]`` block (no lane slices, no per-plane scale rows)."""
+    codes = codes_ref[t].astype(jnp.int32)  # [dp, bs]
+    planes = [jnp.bitwise_and(jnp.right_shift(codes, c * bits), 2**bits - 1) for c in range(8 // bits)]
+    unpacked = jnp.concatenate(planes, axis=0).astype(jnp.float32)  # [d, bs]: channel c * dp + j is row c * dp + j
+    qs = q * scales_ref[pl.ds(t, 1), :].astype(jnp.float32)  # [gp, d]
+    dot = jnp.dot(qs, unpacked, preferred_element_type=jnp.float32)
+    return tau * (dot - (2**bits - 1) / 2 * jnp.sum(qs, axis=-1, keepdims=True))
+
+
 def _keeps(shat: jax.Array, th: jax.Array) -> jax.Array:
     """Scalar bool: some head's page maximum reaches its threshold."""
     return jnp.max((jnp.max(shat, axis=-1, keepdims=True) >= th).astype(jnp.float32)) > 0.0
@@ -125,11 +136,13 @@ def ffd_kernel(len_ref, q_ref, qp_ref, th_ref, scales_ref, codes_ref, res_ref, v
     _write(o_ref, m_ref, l_ref, jax.lax.fori_loop(0, live, body, _init(gp, d)))
 
 
-def ffd_kernel_dma(len_ref, q_ref, qp_ref, th_ref, scales_ref, codes_ref, res_hbm, v_hbm, o_ref, m_ref, l_ref,
+def ffd_kernel_dma(len_ref, q_ref, th_ref, scales_ref, codes_ref, res_hbm, v_hbm, o_ref, m_ref, l_ref,
                    keep_ref, res_buf, v_buf, sem, kept_ref, *, bits: int, page_size: int, pages_per_split: int,
                    use_residual: bool):
     """The TPU shell: residual and values [b, k, p, bs, d] stay in HBM and only kept pages are copied.
 
+    Blocks: ``scales_ref`` [pps, d] (the cache's own layout, 128 lanes), ``codes_ref`` [pps, dp, bs],
+    ``keep_ref`` [1, pps] (lane-dense: one int32 per page would pad to a 128-lane row each).
     Scratch: ``res_buf`` / ``v_buf`` [2, bs, d] VMEM (two slots), ``sem`` DMA semaphores [2 (residual,
     values), 2 (slot)], ``kept_ref`` [pages_per_split] SMEM int32 (this split's kept pages, in order).
     """
@@ -139,15 +152,16 @@ def ffd_kernel_dma(len_ref, q_ref, qp_ref, th_ref, scales_ref, codes_ref, res_hb
     tau = LOG2E / math.sqrt(d)
     q = q_ref[...].astype(jnp.float32)
     th = th_ref[...]
-    keep_ref[...] = jnp.zeros(keep_ref.shape, jnp.int32)
+    lanes = jax.lax.broadcasted_iota(jnp.int32, keep_ref.shape, 1)
 
-    def scan(t, n):  # phase 1: the codes of every page; list the kept ones
-        keep = _keeps(_page_scores(codes_ref, qp_ref, scales_ref, t, bits=bits, tau=tau), th)
-        keep_ref[t] = jnp.full((1, 1), keep.astype(jnp.int32))
+    def scan(t, carry):  # phase 1: the codes of every page; list the kept ones
+        n, flags = carry
+        keep = _keeps(_page_scores_tpu(codes_ref, q, scales_ref, t, bits=bits, tau=tau), th)
         kept_ref[n] = t  # overwritten by the next page unless this one is kept
-        return n + keep.astype(jnp.int32)
+        return n + keep.astype(jnp.int32), jnp.where(lanes == t, keep.astype(jnp.int32), flags)
 
-    n = jax.lax.fori_loop(0, live, scan, 0)
+    n, flags = jax.lax.fori_loop(0, live, scan, (0, jnp.zeros(keep_ref.shape, jnp.int32)))
+    keep_ref[...] = flags
 
     def copies(idx, slot):  # the DMAs of the idx-th kept page into a buffer slot
         page = first + kept_ref[idx]
@@ -171,7 +185,7 @@ def ffd_kernel_dma(len_ref, q_ref, qp_ref, th_ref, scales_ref, codes_ref, res_hb
             for c in copies(idx + 1, 1 - slot):
                 c.start()
 
-        s = _page_scores(codes_ref, qp_ref, scales_ref, kept_ref[idx], bits=bits, tau=tau)  # recomputed: cheap
+        s = _page_scores_tpu(codes_ref, q, scales_ref, kept_ref[idx], bits=bits, tau=tau)  # recomputed: cheap
         if use_residual:
             s = _refine(s, q, res_buf[slot], tau)
         return _online_update(carry, s, v_buf[slot].astype(jnp.float32))

@@ -152,7 +152,7 @@ def test_the_ffd_decode_step_compiles_for_tpu_and_updates_keys_values_and_pages_
     """An FFD model's cache carries its quantized pages; the TPU step writes K, V and the pages in place,
     and, with the default pages of 128 tokens (channel-major codes: one 32 x 128 uint8 tile per page),
     copies none of it: the temporaries hold less than one layer's codes. (Token-major codes, [128, 32]
-    per page, took 142 MB of temporaries here, relayouts of the codes for the kernel; 6.5 MB now.)"""
+    per page, took 142 MB of temporaries here, relayouts of the codes for the kernel; 2.2 MB now.)"""
     from experiments import aot
 
     row = aot.compile_decode_step(_decode_lm("ffd", "bksd"), topology="v5e:2x2", batch_size=2,

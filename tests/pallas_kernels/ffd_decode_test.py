@@ -92,22 +92,22 @@ def test_cost_model_counts():
 
 def test_tpu_default_splits_keep_a_split_s_pages_within_scoped_vmem():
     """A TPU program holds its split's codes and scales in VMEM (the residual and values stay in HBM).
-    At batch 8, 8 KV heads and 262k tokens in pages of 128 (2048 pages), the program-count default (2
-    splits) would put 1024 pages' blocks in one program, beyond the scoped-VMEM budget; with the page's
+    At batch 8, 8 KV heads and 524k tokens in pages of 128 (4096 pages), the program-count default (2
+    splits) would put 2048 pages' blocks in one program, beyond the scoped-VMEM budget; with the page's
     VMEM given, the default splits until a split's pages fit. Without it (other backends) the default is
     unchanged. (When every page's residual and values were VMEM blocks too, 2 splits at 32k tokens
     already took 20.12 MiB on v5e, limit 16 MiB.)"""
     from pallas_kernels import _backend
     from pallas_kernels.ffd_decode import api, config
 
-    s, pages = 262144, 2048
+    s, pages = 524288, 4096
     sd = jax.ShapeDtypeStruct
     cache = jax.eval_shape(lambda k, v, n: ref.build_cache(k, v, n, page_size=128, residual_dtype=jnp.bfloat16),
                            sd((8, s, 8, 128), jnp.bfloat16), sd((8, s, 8, 128), jnp.bfloat16), sd((8,), jnp.int32))
     plain = config.FFDBlockSizes.default(num_pages=pages, batch=8, kv_heads=8)
     assert plain.num_splits == 2
     per_page = api._tpu_page_bytes(cache)
-    assert per_page == 2 * (32 * 128 + 4 * 8 * 128 * 4)  # codes [32, 128] uint8 + 4 scale planes [1, 32] f32
+    assert per_page == 2 * (32 * 128 + 128 * 4)  # codes [32, 128] uint8 + the page's row of [pps, 128] f32 scales
     bs = config.FFDBlockSizes.default(num_pages=pages, batch=8, kv_heads=8, page_vmem_bytes=per_page)
     assert bs.num_splits > plain.num_splits
     assert -(-pages // bs.num_splits) * per_page <= _backend.TPU_BLOCK_VMEM_BUDGET
