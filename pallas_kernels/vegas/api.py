@@ -129,13 +129,19 @@ def _check_head_dim(name: str, d: int, implementation: str) -> None:
         raise ValueError(f"{name}: Triton needs the head dim d to be a power of two >= 16; got d={d}")
 
 
-def _verify_tpu_bytes_per_key(q, k, rows, impl) -> int:
-    """VMEM one cache key takes in a verify program's blocks on TPU, double-buffered: its K and V columns
-    [hp * d] and its float32 score rows [hp, Rp]. (Batch 8, t 5, 32/8 heads, d 128, 2 score rows: 1088
-    bytes; Mosaic's scoped allocation for 32768 keys was 34.00M.)"""
+def _verify_heads_per_program(kv_heads: int, implementation: str, kv_layout: str) -> int:
+    """KV heads per verify program: 1, except on TPU over a token-major cache, whose [keys, heads, d]
+    block must span every KV head (TPU's tiling rule for the second-minor block dim)."""
+    return kv_heads if implementation == "pallas_tpu" and kv_layout == "bskd" else 1
+
+
+def _verify_tpu_bytes_per_key(q, k, rows, impl, kv_layout) -> int:
+    """VMEM one cache key takes in a verify program's blocks on TPU, double-buffered: its K and V rows of
+    hp heads [hp, d] and its float32 score rows [hp, Rp]. (Batch 8, t 5, 32/8 heads, d 128, 2 score rows,
+    one head per program: 1088 bytes; Mosaic's scoped allocation for 32768 keys was 34.00M.)"""
     b, t, h, d = q.shape
-    kh = k.shape[2]
-    hp = _heads_per_program(kh, d, impl)
+    kh = attn_ref.kv_tokens_heads(k.shape, kv_layout)[1]
+    hp = _verify_heads_per_program(kh, impl, kv_layout)
     srp = _backend.padded_rows(h // kh * len(rows), impl)
     return 2 * (2 * hp * d * k.dtype.itemsize + hp * srp * 4)
 
@@ -166,14 +172,14 @@ def _scalar_spec(implementation: str, b: int):
     return pl.BlockSpec((b,), lambda i, hh, j: (0,))
 
 
-def _verify_pallas(q, k, v, q_positions, *, rows, scale, bs, impl, interpret) -> VerifyOutput:
+def _verify_pallas(q, k, v, q_positions, *, rows, scale, bs, impl, interpret, kv_layout) -> VerifyOutput:
     """Pallas shell of `verify_attention` (see `kernel.verify_kernel`)."""
     b, t, h, d = q.shape
-    s, kh = k.shape[1], k.shape[2]
+    s, kh = attn_ref.kv_tokens_heads(k.shape, kv_layout)
     g, r = h // kh, len(rows)
     n_rows, n_srows = g * t, g * r
     rp, srp = _backend.padded_rows(n_rows, impl), _backend.padded_rows(n_srows, impl)
-    hp = _heads_per_program(kh, d, impl)
+    hp = _verify_heads_per_program(kh, impl, kv_layout)
     pos = q_positions.astype(jnp.int32)
     # Rows of one KV head, head-major: row gi * t + ti is query head kv * g + gi at token ti.
     qg = _backend.pad_axis(q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, n_rows, d), 2, rp)
@@ -184,13 +190,18 @@ def _verify_pallas(q, k, v, q_positions, *, rows, scale, bs, impl, interpret) ->
     spos = _backend.pad_axis(jnp.tile(pos[:, list(rows)], (1, g)), 1, srp, -1)[..., None]  # [b, Rp, 1]
     n_keys = jnp.clip(jnp.max(pos, axis=1) + 1, 0, s)  # [b]: tiles past the last visible key are skipped
     split_len, sp = _split_layout(s, bs.block_k, bs.num_splits, impl)
-    kf = _backend.pad_axis(k, 1, sp).reshape(b, sp, kh * d)  # padded keys are masked by position (>= S)
-    vf = _backend.pad_axis(v, 1, sp).reshape(b, sp, kh * d)
+    token_axis = attn_ref.kv_token_axis(kv_layout)
+    kf = _backend.pad_axis(k, token_axis, sp)  # padded keys are masked by position (>= S)
+    vf = _backend.pad_axis(v, token_axis, sp)
+    if kv_layout == "bskd":
+        kv_spec = pl.BlockSpec((None, split_len, hp, d), lambda i, hh, j: (i, j, hh, 0))
+    else:
+        kv_spec = pl.BlockSpec((None, hp, split_len, d), lambda i, hh, j: (i, hh, j, 0))
 
     cost = verify_cost(batch=b, q_len=t, num_heads=h, num_kv_heads=kh, kv_len=s, head_dim=d, score_rows=r,
                        kv_itemsize=k.dtype.itemsize, q_itemsize=q.dtype.itemsize)
-    kernel = functools.partial(verify_kernel, block_k=bs.block_k, split_len=split_len, kv_len=s, head_dim=d,
-                               scale=scale)
+    kernel = functools.partial(verify_kernel, block_k=bs.block_k, split_len=split_len, kv_len=s, scale=scale,
+                               kv_layout=kv_layout)
     stat = jax.ShapeDtypeStruct((b, bs.num_splits, kh, rp, 1), jnp.float32)
     stat_spec = pl.BlockSpec((None, None, hp, rp, 1), lambda i, hh, j: (i, j, hh, 0, 0))
     with _backend.quiet_triton_deprecation():
@@ -203,8 +214,8 @@ def _verify_pallas(q, k, v, q_positions, *, rows, scale, bs, impl, interpret) ->
                 pl.BlockSpec((None, rp, 1), lambda i, hh, j: (i, 0, 0)),
                 pl.BlockSpec((None, hp, srp, d), lambda i, hh, j: (i, hh, 0, 0)),
                 pl.BlockSpec((None, srp, 1), lambda i, hh, j: (i, 0, 0)),
-                pl.BlockSpec((None, split_len, hp * d), lambda i, hh, j: (i, j, hh)),
-                pl.BlockSpec((None, split_len, hp * d), lambda i, hh, j: (i, j, hh)),
+                kv_spec,
+                kv_spec,
             ],
             out_specs=[
                 pl.BlockSpec((None, None, hp, rp, d), lambda i, hh, j: (i, j, hh, 0, 0)),
@@ -248,9 +259,7 @@ def verify_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.
       implementation: None | "xla" (the reference) | "pallas" | "pallas_tpu" | "pallas_triton".
       interpret: run the Pallas kernel in the interpreter (None = iff on CPU); unused by "xla".
       block_sizes: Pallas tiling; default `VerifyBlockSizes.default(...)`; unused by "xla".
-      kv_layout: "bskd" or "bksd", the cache's axis order. The XLA path reads both as stored; the
-        Pallas kernel tiles [S, kh * d] rows, so a "bksd" cache is transposed once per call
-        (one verification per drafting iteration, not per decode step).
+      kv_layout: "bskd" or "bksd", the cache's axis order, read as stored by both paths.
 
     Returns:
       VerifyOutput.
@@ -268,15 +277,15 @@ def verify_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.
         res = verify_reference(q, k, v, q_positions, rows=rows, scale=scale, kv_layout=kv_layout)
         return res._replace(out=res.out.astype(q.dtype))
     _check_head_dim("verify_attention", d, impl)
-    if kv_layout == "bksd":
-        k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-    bs = block_sizes or VerifyBlockSizes.default(seq_len=k.shape[1], batch=b, kv_heads=k.shape[2],
-                                                 implementation=impl,
-                                                 tpu_bytes_per_key=_verify_tpu_bytes_per_key(q, k, rows, impl))
+    s, kh = attn_ref.kv_tokens_heads(k.shape, kv_layout)
+    bs = block_sizes or VerifyBlockSizes.default(
+        seq_len=s, batch=b, kv_heads=kh, implementation=impl,
+        tpu_bytes_per_key=_verify_tpu_bytes_per_key(q, k, rows, impl, kv_layout))
     if not isinstance(bs, VerifyBlockSizes):
         raise ValueError(f"verify_attention: block_sizes must be a VerifyBlockSizes; got {type(bs).__name__}")
     bs.validate(impl)
-    return _verify_pallas(q, k, v, q_positions, rows=rows, scale=scale, bs=bs, impl=impl, interpret=interpret)
+    return _verify_pallas(q, k, v, q_positions, rows=rows, scale=scale, bs=bs, impl=impl, interpret=interpret,
+                          kv_layout=kv_layout)
 
 
 def _check_sparse(q, k, v, indices, valid, recent_start, lengths, kv_layout):

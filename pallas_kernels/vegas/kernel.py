@@ -1,8 +1,11 @@
 """Vegas kernel bodies (one body each for Mosaic TPU, Triton and the interpreter).
 
-Both kernels are split-K flash decoding over a [keys, kh * d] key/value layout (the cache's
-[b, S, kh, d] with the head dims flattened, a free reshape): grid (batch, KV-head groups, splits).
-Program (i, hh, j) holds the query rows of `hp` KV heads (hp = 1, except on TPU when d is not a
+Both kernels are split-K flash decoding: grid (batch, KV-head groups, splits). `verify_kernel` reads
+the cache as stored, token-major [b, S, kh, d] or head-major [b, kh, S, d] (its blocks are
+[split_len, hp, d] or [hp, split_len, d]: merging kh and d into one axis is a relayout copy of the
+whole cache on TPU, not a free reshape); `sparse_decode_kernel` reads a compact [keys, kh * d]
+buffer. Program (i, hh, j) holds the query rows of `hp` KV heads (verify: hp = 1, except on TPU over
+a token-major cache, whose block must span all kh heads; sparse: 1, except on TPU when d is not a
 multiple of 128, where the lane rule forces the block to span all kh * d columns), and the j-th
 contiguous split of `split_len` keys. Per KV head it walks the split in `block_k`-key tiles with the
 shared online-softmax step (`_common.online_softmax_step`, float32 statistics) and
@@ -31,7 +34,8 @@ Layouts inside the kernels (gp / rp / Rp = padded row counts):
   q_ref    [hp, rp, d]      query rows per KV head (verify: g t rows; sparse: g rows)
   qpos_ref [rp, 1] int32    verify: position of each query row (-1 for padding rows)
   qs_ref   [hp, Rp, d]      verify: score-row queries; spos_ref [Rp, 1] their positions
-  k_ref    [split_len, hp d] keys of this split (v_ref the same)
+  k_ref    verify: [split_len, hp, d] ("bskd") or [hp, split_len, d] ("bksd"); sparse: [split_len, hp d]
+           keys of this split (v_ref the same)
   o_ref    [hp, rp, d] f32  unnormalized partial output; m_ref, l_ref [hp, rp, 1]
   s_ref    [hp, Rp, split_len] f32 verify: raw score rows of this split
 """
@@ -52,8 +56,13 @@ def _init_stats(rows: int, d: int):
             jnp.zeros((rows, d), jnp.float32))
 
 
+def _tile(ref, hh: int, rows, kv_layout: str) -> jax.Array:
+    """Rows ``rows`` of KV head ``hh`` of a verify K/V block: [block_k, d]."""
+    return ref[rows, hh, :] if kv_layout == "bskd" else ref[hh, rows, :]
+
+
 def verify_kernel(nkeys_ref, q_ref, qpos_ref, qs_ref, spos_ref, k_ref, v_ref, o_ref, m_ref, l_ref, s_ref, *,
-                  block_k: int, split_len: int, kv_len: int, head_dim: int, scale: float):
+                  block_k: int, split_len: int, kv_len: int, scale: float, kv_layout: str):
     """Causal attention of the verification rows over one split, plus that split's raw score rows."""
     i = pl.program_id(0)
     j = pl.program_id(2)
@@ -71,14 +80,13 @@ def verify_kernel(nkeys_ref, q_ref, qpos_ref, qs_ref, spos_ref, k_ref, v_ref, o_
     for hh in range(hp):  # static: the KV heads of this program (1 unless TPU's lane rule forces more)
         q = q_ref[hh].astype(jnp.float32) * scale
         qs = qs_ref[hh].astype(jnp.float32)
-        cols = pl.ds(hh * head_dim, head_dim)
         s_ref[hh] = jnp.full((srp, split_len), -jnp.inf, jnp.float32)
 
-        def body(tile, carry, hh=hh, q=q, qs=qs, cols=cols):
+        def body(tile, carry, hh=hh, q=q, qs=qs):
             m, l, acc = carry
             offset = pl.multiple_of(tile * block_k, block_k)
-            k = k_ref[pl.ds(offset, block_k), cols].astype(jnp.float32)
-            v = v_ref[pl.ds(offset, block_k), cols].astype(jnp.float32)
+            k = _tile(k_ref, hh, pl.ds(offset, block_k), kv_layout).astype(jnp.float32)
+            v = _tile(v_ref, hh, pl.ds(offset, block_k), kv_layout).astype(jnp.float32)
             first = start + offset
             key = first + jax.lax.broadcasted_iota(jnp.int32, (rp, block_k), 1)
             visible = jnp.logical_and(key <= qpos, key < kv_len)

@@ -189,7 +189,8 @@ def _qvg_attention(impl):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# vegas: d=64 on TPU takes the all-heads-per-program path (lane rule); d=128 one KV head per program.
+# vegas: sparse decode with d=64 on TPU takes the all-heads-per-program path (lane rule), d=128 one KV head
+# per program; verify on TPU spans every KV head over a token-major cache and one over a head-major one.
 
 
 def _verify_args(d, kh=2):
@@ -207,6 +208,13 @@ def _vegas_verify(impl, d):
     return f, _verify_args(d)
 
 
+def _vegas_verify_head_major(impl, d):
+    f = lambda q, k, v, p: verify_attention(q, k, v, p, rows=(0, 4), implementation=impl, interpret=False,
+                                            kv_layout="bksd")
+    q, k, v, p = _verify_args(d)
+    return f, (q, sd((2, 2, 1000, d), k.dtype), sd((2, 2, 1000, d), v.dtype), p)
+
+
 def _vegas_sparse(impl, d):
     g = lambda q, k, v, i, ok, rs, n: sparse_decode_attention(q, k, v, i, ok, rs, n, max_recent=64, return_lse=True,
                                                               implementation=impl, interpret=False)
@@ -215,6 +223,7 @@ def _vegas_sparse(impl, d):
 
 for _d, _platforms in ((128, ("tpu", "cuda")), (64, ("tpu",))):
     lowering_case("vegas", "verify", platforms=_platforms, d=_d)(_vegas_verify)
+    lowering_case("vegas", "verify_head_major", platforms=_platforms, d=_d)(_vegas_verify_head_major)
     lowering_case("vegas", "sparse_decode", platforms=_platforms, d=_d)(_vegas_sparse)
 
 

@@ -114,6 +114,22 @@ def test_verify_interpret_matches_reference(impl, b, t, h, kh, s, d, rows, pos, 
     _close_with_infs(got.scores, want.scores, 1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("impl", ["pallas_triton", "pallas_tpu"])
+def test_verify_interpret_reads_a_head_major_cache_as_stored(impl):
+    """kv_layout="bksd": the kernel reads [b, kh, S, d] blocks (no transposed copy); same result as the
+    token-major cache, scores included."""
+    q, k, v = _qkv(2, 3, 4, 2, 150, 32, jnp.float32, seed=5)
+    pos = jnp.array([[100, 101, 102], [147, 148, 149]], jnp.int32)
+    kw = dict(rows=(0, 2), scale=0.2, implementation=impl, interpret=True,
+              block_sizes=VerifyBlockSizes(block_k=128 if impl == "pallas_tpu" else 16, num_splits=2))
+    got = verify_attention(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), pos, kv_layout="bksd", **kw)
+    want = _verify_ref(q, k, v, pos, rows=(0, 2), scale=0.2)
+    tol = TOL[jnp.float32]
+    _close_with_infs(got.out, want.out, tol)
+    _close_with_infs(got.lse, want.lse, tol)
+    _close_with_infs(got.scores, want.scores, 1e-4, rtol=1e-5)
+
+
 def test_verify_row_that_sees_nothing_gives_zeros_and_no_nan():
     q, k, v = _qkv(2, 2, 4, 2, 20, 16, seed=5)
     pos = jnp.array([[-1, -1], [-3, 4]])  # sequence 0 sees nothing at all; sequence 1's first row neither
@@ -276,7 +292,8 @@ def test_tpu_verify_default_splits_keep_the_blocks_within_scoped_vmem():
 
     q = jax.ShapeDtypeStruct((8, 5, 32, 128), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((8, 65536, 8, 128), jnp.bfloat16)
-    per_key = vegas_api._verify_tpu_bytes_per_key(q, k, (0, 4), "pallas_tpu")
+    per_key = vegas_api._verify_tpu_bytes_per_key(q, jax.ShapeDtypeStruct((8, 8, 65536, 128), jnp.bfloat16), (0, 4),
+                                                  "pallas_tpu", "bksd")  # one KV head per program
     assert per_key == 2 * (2 * 128 * 2 + 8 * 4) == 1088
     plain = VerifyBlockSizes.default(seq_len=65536, batch=8, kv_heads=8, implementation="pallas_tpu")
     assert plain.num_splits == 2 and 65536 // 2 * per_key == 34 * 2**20
@@ -285,3 +302,9 @@ def test_tpu_verify_default_splits_keep_the_blocks_within_scoped_vmem():
     assert bs.num_splits == 8 and 65536 // bs.num_splits * per_key <= _backend.TPU_BLOCK_VMEM_BUDGET
     assert VerifyBlockSizes.default(seq_len=65536, batch=8, kv_heads=8, implementation="pallas_triton",
                                     tpu_bytes_per_key=per_key).num_splits == 2
+    # A token-major cache: a TPU block [keys, 8, 128] spans every KV head, 8x the bytes per key.
+    wide = vegas_api._verify_tpu_bytes_per_key(q, k, (0, 4), "pallas_tpu", "bskd")
+    assert wide == 2 * (2 * 8 * 128 * 2 + 8 * 8 * 4)
+    bs = VerifyBlockSizes.default(seq_len=65536, batch=8, kv_heads=8, implementation="pallas_tpu",
+                                  tpu_bytes_per_key=wide)
+    assert 65536 // bs.num_splits * wide <= _backend.TPU_BLOCK_VMEM_BUDGET < 65536 // (bs.num_splits // 2) * wide
