@@ -1,37 +1,33 @@
-"""FFD's fused scan-select-attend kernel body (shared by TPU, Triton and the interpreter).
+"""FFD's fused scan-select-attend kernel: one per-page computation, two data-movement shells.
 
 Grid: (batch, kv_head, num_splits). Program (i, h, j) takes the query heads of KV head h of
 sequence i and the j-th contiguous range of ``pages_per_split`` pages, and for each full page:
 
 1. unpacks the page's 2/4-bit key codes (channel-major ``[d/n, bs]`` bytes, planar packing: plane
-   ``c`` holds a contiguous block of channels, so each plane is one ``[gp, d/n] @ [d/n, bs]``
-   product), scores every token in base 2 with ``shat = tau log2(e) ((q * S) . C - o sum(q * S))``;
+   ``c`` holds a contiguous block of channels) and scores every token in base 2 with
+   ``shat = tau log2(e) ((q * S) . C - o sum(q * S))``;
 2. keeps the page for the whole group when any head's page maximum reaches its threshold
    (``m_ref - delta``, computed outside from the first and last full pages);
-3. only for a kept page (``lax.cond``: on GPU the loads of the residual and value tiles sit inside
-   the branch and are skipped for dropped pages), refines the scores with the residual and updates
-   the base-2 online softmax (m, l, acc).
+3. only for a kept page, refines the scores with the residual and updates the base-2 online
+   softmax (m, l, acc).
 
 It writes the unnormalized partial output, m (log2 units) and l per query row, and one keep flag
-per page. Layouts inside the kernel:
-  q_ref      [gp, d]           query rows of this KV head (gp = padded group)
-  qp_ref     [n, gp, d/n]      the same rows split into the n channel planes of the packing
-  th_ref     [gp, 1]           thresholds (log2); padded rows hold +1e30 and never pass
-  scales_ref [pps, n, 1, d/n]  per-page per-channel scales, split into planes
-(planes come in as separate ref rows because Triton lowers no value slices).
-  codes_ref  [pps, d/n, bs]    packed codes, channel-major (n = 8 / bits codes per byte)
-  res_ref    [pps, bs, d]      residual K - Khat
-  v_ref      [pps, bs, d]      values
-  o_ref [gp, d] f32, m_ref, l_ref [gp, 1], keep_ref [pps, 1, 1] int32
-Two data-movement shells share that per-page math (`_page_scores`, `_online_update`):
+per page. The shells:
 
-* `ffd_kernel` (Triton, and the interpreter): every block comes in through its BlockSpec; on GPU the
-  residual and value loads sit inside the kept-page branch, so dropped pages are never read.
+* `ffd_kernel` (Triton, and the interpreter for "pallas_triton"): every block comes in through its
+  BlockSpec, and the residual and value loads sit inside the kept-page branch (``lax.cond``), so on
+  GPU dropped pages are never read. Each plane is one ``[gp, d/n] @ [d/n, bs]`` product, the query
+  and the scales split into planes outside (Triton lowers no value slices). Blocks:
+    q_ref [gp, d], qp_ref [n, gp, d/n], th_ref [gp, 1] (padded rows hold +1e30 and never pass),
+    scales_ref [pps, n, 1, d/n], codes_ref [pps, d/n, bs], res_ref / v_ref [pps, bs, d],
+    o_ref [gp, d] f32, m_ref / l_ref [gp, 1], keep_ref [pps, 1, 1] int32.
 * `ffd_kernel_dma` (TPU): a BlockSpec pipeline would prefetch every page's residual and value tiles
   whether kept or not, so those two stay in HBM (``memory_space=ANY``). The program first scans all
   of its pages from the codes (in VMEM) and lists the kept ones in SMEM, then walks that list with
   double-buffered DMAs (``make_async_copy``): page ``n + 1``'s residual and values are in flight while
-  page ``n`` is attended. A dropped page costs its codes and scales only.
+  page ``n`` is attended. A dropped page costs its codes and scales only. The planes are stacked
+  along sublanes into one ``[gp, d] @ [d, bs]`` product, so the scales are read as the cache stores
+  them (see `ffd_kernel_dma` for its blocks).
 """
 
 from __future__ import annotations
