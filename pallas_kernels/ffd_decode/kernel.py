@@ -24,8 +24,8 @@ per page. The shells:
 * `ffd_kernel_dma` (TPU): a BlockSpec pipeline would prefetch every page's residual and value tiles
   whether kept or not, so those two stay in HBM (``memory_space=ANY``). The program first scans all
   of its pages from the codes (in VMEM) and lists the kept ones in SMEM, then walks that list with
-  double-buffered DMAs (``make_async_copy``): page ``n + 1``'s residual and values are in flight while
-  page ``n`` is attended. A dropped page costs its codes and scales only. The planes are stacked
+  double-buffered DMAs (``make_async_copy``): the first kept page's residual and values are in flight
+  during the rest of the scan, page ``n + 1``'s while page ``n`` is attended. A dropped page costs its codes and scales only. The planes are stacked
   along sublanes into one ``[gp, d] @ [d, bs]`` product, so the scales are read as the cache stores
   them (see `ffd_kernel_dma` for its blocks).
 """
@@ -150,15 +150,6 @@ def ffd_kernel_dma(len_ref, q_ref, th_ref, scales_ref, codes_ref, res_hbm, v_hbm
     th = th_ref[...]
     lanes = jax.lax.broadcasted_iota(jnp.int32, keep_ref.shape, 1)
 
-    def scan(t, carry):  # phase 1: the codes of every page; list the kept ones
-        n, flags = carry
-        keep = _keeps(_page_scores_tpu(codes_ref, q, scales_ref, t, bits=bits, tau=tau), th)
-        kept_ref[n] = t  # overwritten by the next page unless this one is kept
-        return n + keep.astype(jnp.int32), jnp.where(lanes == t, keep.astype(jnp.int32), flags)
-
-    n, flags = jax.lax.fori_loop(0, live, scan, (0, jnp.zeros(keep_ref.shape, jnp.int32)))
-    keep_ref[...] = flags
-
     def copies(idx, slot):  # the DMAs of the idx-th kept page into a buffer slot
         page = first + kept_ref[idx]
         out = [pltpu.make_async_copy(v_hbm.at[i, hh, page], v_buf.at[slot], sem.at[1, slot])]
@@ -166,10 +157,20 @@ def ffd_kernel_dma(len_ref, q_ref, th_ref, scales_ref, codes_ref, res_hbm, v_hbm
             out.append(pltpu.make_async_copy(res_hbm.at[i, hh, page], res_buf.at[slot], sem.at[0, slot]))
         return out
 
-    @pl.when(n > 0)
-    def _():
-        for c in copies(0, 0):
-            c.start()
+    def scan(t, carry):  # phase 1: the codes of every page; list the kept ones
+        n, flags = carry
+        keep = _keeps(_page_scores_tpu(codes_ref, q, scales_ref, t, bits=bits, tau=tau), th)
+        kept_ref[n] = t  # overwritten by the next page unless this one is kept
+
+        @pl.when(jnp.logical_and(keep, n == 0))
+        def _():  # the first kept page's copies overlap the rest of the scan
+            for c in copies(0, 0):
+                c.start()
+
+        return n + keep.astype(jnp.int32), jnp.where(lanes == t, keep.astype(jnp.int32), flags)
+
+    n, flags = jax.lax.fori_loop(0, live, scan, (0, jnp.zeros(keep_ref.shape, jnp.int32)))
+    keep_ref[...] = flags
 
     def attend(idx, carry):  # phase 2: kept pages, the next one's copies in flight
         slot = jax.lax.rem(idx, 2)
