@@ -47,7 +47,8 @@ from flax import nnx
 
 from algorithms import training
 from models.kv_cache import KV_LAYOUTS
-from models.transformer import DECODE_ATTENTION, FFD_RESIDUAL_DTYPES, PREFILL_ATTENTION, REMAT, Transformer, TransformerConfig
+from models.transformer import (DECODE_ATTENTION, FFD_RESIDUAL_DTYPES, PREFILL_ATTENTION, REMAT, Transformer,
+                                TransformerConfig)
 
 __all__ = ["TrainStep", "HBM_GIB", "lm_1b", "compile_train_step", "compile_decode_step", "targets", "main"]
 

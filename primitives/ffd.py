@@ -202,17 +202,10 @@ class FFDPages(NamedTuple):
     scan_scales: jax.Array | None = None
     scan_l1: jax.Array | None = None
 
-    @property
-    def page_size(self) -> int:
-        return self.codes.shape[4]
-
-    @property
-    def num_pages(self) -> int:
-        return self.codes.shape[2]
-
-    @property
-    def bits(self) -> int:
-        return 8 * self.codes.shape[3] // self.scales.shape[-1]
+    # Read from the codes and scales, which both tuples hold.
+    page_size = FFDCache.page_size
+    num_pages = FFDCache.num_pages
+    bits = FFDCache.bits
 
 
 class FFDOutput(NamedTuple):
@@ -276,8 +269,8 @@ def unpack_codes(packed: jax.Array, bits: int, axis: int = -1) -> jax.Array:
         words = jax.lax.bitcast_convert_type(packed.reshape(shape[:-1] + (n // 4, 4)), jnp.uint32)
         shifts = (jnp.arange(per_byte, dtype=jnp.uint32) * bits).reshape((per_byte,) + (1,) * (packed.ndim - axis))
         mask = jnp.uint32(0x01010101 * (2**bits - 1))
-        planes = jax.lax.bitcast_convert_type(jnp.bitwise_and(jnp.right_shift(jnp.expand_dims(words, axis), shifts),
-                                                              mask), jnp.uint8)  # plane axis at `axis`, then [..., n // 4, 4]
+        shifted = jnp.bitwise_and(jnp.right_shift(jnp.expand_dims(words, axis), shifts), mask)
+        planes = jax.lax.bitcast_convert_type(shifted, jnp.uint8)  # plane axis at `axis`, then [..., n // 4, 4]
         planes = planes.reshape(planes.shape[:-2] + (n,))
     else:
         shifts = (jnp.arange(per_byte, dtype=jnp.uint8) * bits).reshape((per_byte,) + (1,) * (packed.ndim - axis))

@@ -15,8 +15,8 @@ copied in (double-buffered DMAs), so a dropped page costs its codes and scales a
 (Triton, and the interpreter for "pallas_triton") `ffd_kernel` takes every page through its BlockSpecs.
 Compiles for TPU (libtpu 0.0.42.1, batch 8, 32/8 heads, d 128, bf16) up to 256k tokens on v5e and 512k
 on v6e (the largest tried; pages of 128, bfloat16 residuals, `pallas_kernels.aot`'s case; 1.4 MB of
-temporaries: the kernel reads the cache's arrays as they are); beyond, on v5e the cache alone (21.4 GiB at 512k) exceeds the chip's 16 GiB of HBM
-(not compiled).
+temporaries: the kernel reads the cache's arrays as they are); beyond, on v5e the cache alone (21.4 GiB
+at 512k) exceeds the chip's 16 GiB of HBM (not compiled).
 """
 
 from __future__ import annotations
