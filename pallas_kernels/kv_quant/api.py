@@ -30,14 +30,13 @@ and v6e). The tokens on lanes make TPU's `block_k` a multiple of 128.
 
 Largest compiled shapes (`pallas_kernels.aot`'s formats: a [8, s, 8, 128] bfloat16 cache; K 4-bit
 groups of 64 with float32 scales, V 2-bit asymmetric groups of 128 with bfloat16 scales):
-  * `quantize` (the keys' format): Compiles for TPU (libtpu 0.0.42.1, batch 8, 32/8 heads, d 128, bf16)
-    up to 256k tokens on v5e and 512k on v6e (the largest tried); beyond, HBM on v5e: 30.25 GiB of
-    temporaries > 15.75 GiB (the kernel's [rows, d/n] codes and [rows, d/G] scales are row-major,
-    padded to 128 lanes, then relaid out: 2.5x the input in temporaries).
-  * `dequantize` (the values' format): Compiles for TPU (libtpu 0.0.42.1, batch 8, 32/8 heads, d 128,
-    bf16) up to 256k tokens on v5e and 512k on v6e (the largest tried); beyond, HBM on v5e: 29.12 GiB
-    of temporaries > 15.75 GiB (the same padded row-major relayout of the narrow inputs: 1.4 GiB for
-    the 72 MiB of a 32k cache).
+  * `quantize` (the keys' format) and `dequantize` (the values' format): on TPU each array is read or
+    written in the layout XLA:TPU stores it in (`_token_axis`): the narrow codes and scales tokens-minor,
+    the values row-major. Compiled for TPU (libtpu 0.0.42.1, batch 8, 8 KV heads, d 128, bf16) at 512k
+    tokens on v5e and v6e with no HBM temporaries; so do 8-bit codes and head_dim 64 at 32k, 32 heads per
+    token at 16k and a [32k, 8, 128] float32 input. The row-major kernel they replace on TPU (still the Triton one)
+    wrote [rows, d/n] codes and [rows, d/G] scales that XLA then relaid out: 1.3 GiB (quantize) and 1.4 GiB
+    (dequantize) of temporaries at 32k, and neither compiled past 256k tokens on v5e.
   * `quantized_decode_attention`: Compiles for TPU (libtpu 0.0.42.1, batch 8, 32/8 heads, d 128, bf16)
     up to 512k tokens on v5e and 512k on v6e (the survey's largest; no HBM temporaries at all); beyond,
     it still compiles at 2M tokens on v5e and 4M on v6e (13.5 and 27 GiB of packed cache, at most
@@ -58,7 +57,8 @@ from pallas_kernels import _backend
 from pallas_kernels.decode_attention.api import split_k_decode
 from pallas_kernels.kv_quant.config import QuantDecodeBlockSizes, QuantizeBlockSizes, quant_decode_default
 from pallas_kernels.kv_quant.cost import dequantize_cost, quant_decode_cost, quantize_cost
-from pallas_kernels.kv_quant.kernel import dequantize_kernel, quant_tile_loader, quantize_kernel, triton_div_rn
+from pallas_kernels.kv_quant.kernel import (dequantize_kernel, dequantize_tokens_minor_kernel, quant_tile_loader,
+                                           quantize_kernel, quantize_tokens_minor_kernel, triton_div_rn)
 from primitives import attention as attn_ref
 from primitives import quantization as qref
 
@@ -72,6 +72,71 @@ def _check_kernel_format(*, bits, group_size, last, implementation, what):
     if implementation == "pallas_triton" and (not _backend.is_power_of_two(sub) or not _backend.is_power_of_two(last)):
         raise ValueError(f"Triton needs {what} group_size / (8 / bits) and the last dim powers of two; got "
                          f"group_size={group_size}, bits={bits}, last dim={last}")
+
+
+_MAX_TOKENS_MINOR_ROWS = 32  # Q rows per token of the tokens-minor TPU kernel (each one unrolled)
+
+
+def _token_axis(shape, impl) -> int | None:
+    """The axis the TPU kernels put on lanes, or None for the row-major kernel.
+
+    XLA:TPU lays out an array with a narrow last dim (the d/n code bytes, d/G scales) with a long axis
+    minor instead: in the layouts it picked for the shapes tried, the last leading axis whose length is
+    a multiple of 128 (the tokens of a [b, s, k, d] cache). The tokens-minor kernels write codes and
+    scales as [P, Q, x, L] with that axis L last, so moving it back is a bitcast there, not a
+    relayout (which cost 1.3 GiB of temporaries for a 32k-token cache). Other shapes take the row-major
+    kernel, and XLA relays its output out as before.
+    """
+    if impl != "pallas_tpu":
+        return None
+    for ax in range(len(shape) - 2, -1, -1):
+        if shape[ax] % 128 == 0 and shape[ax] > 0:
+            return ax if math.prod(shape[ax + 1:-1]) <= _MAX_TOKENS_MINOR_ROWS else None
+    return None
+
+
+def _tokens_minor_dims(shape, ax):
+    """[P, L, Q, d] of a [..., d] shape split at token axis `ax`."""
+    return math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1:-1]), shape[-1]
+
+
+def _lanes_minor(width: int) -> bool:
+    """Whether XLA:TPU keeps an array with this last dim tokens-minor (narrow or unaligned last dim)."""
+    return width % 128 != 0
+
+
+def _tokens_minor_view(a, nb, length, nq, lp):
+    """[..., w] -> the kernel's [P, Q, w, Lp] (tokens minor, padded) or [P, Lp, Q, w] (row-major) view."""
+    a = a.reshape(nb, length, nq, a.shape[-1])
+    if _lanes_minor(a.shape[-1]):
+        return _backend.pad_axis(jnp.transpose(a, (0, 2, 3, 1)), 3, lp)
+    return _backend.pad_axis(a, 1, lp)
+
+
+def _tokens_minor_spec(nq, width, bl):
+    if _lanes_minor(width):
+        return pl.BlockSpec((None, nq, width, bl), lambda p, t: (p, 0, 0, t))
+    return pl.BlockSpec((None, bl, nq, width), lambda p, t: (p, t, 0, 0))
+
+
+def _tokens_minor_shape(nb, lp, nq, width, dtype):
+    shape = (nb, nq, width, lp) if _lanes_minor(width) else (nb, lp, nq, width)
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _from_tokens_minor(o, width, lead, length):
+    """Inverse of `_tokens_minor_view`: a kernel output back to [*lead, width]."""
+    if _lanes_minor(width):
+        return jnp.transpose(o[..., :length], (0, 3, 1, 2)).reshape(*lead, width)
+    return o[:, :length].reshape(*lead, width)
+
+
+def _token_tiling(length, rows, d, block_sizes):
+    bs = block_sizes or QuantizeBlockSizes.tokens_minor_default(length=length, rows=rows, last_dim=d)
+    if bs.block_rows % 128:
+        raise ValueError(f"block_sizes.block_rows must be a multiple of 128 on TPU for a {length}-token axis (tokens "
+                         f"lie on lanes); got block_rows={bs.block_rows}")
+    return bs.block_rows, -(-length // bs.block_rows) * bs.block_rows
 
 
 def _row_tiling(rows, block_sizes, impl):
@@ -118,12 +183,57 @@ def quantize(
         return qref.quantize(x, bits=bits, group_size=group_size, axis=-1, scheme=scheme, scale_dtype=sdt)
 
     d = x.shape[-1]
-    n = 8 // bits
-    ng = d // group_size
     _check_kernel_format(bits=bits, group_size=group_size, last=d, implementation=impl, what="x's")
     rows = math.prod(x.shape[:-1])
     if rows == 0:  # nothing to tile: the reference returns the empty arrays
         return qref.quantize(x, bits=bits, group_size=group_size, axis=-1, scheme=scheme, scale_dtype=sdt)
+    asym = scheme == "asymmetric"
+    cost = quantize_cost(elements=rows * d, bits=bits, group_size=group_size, in_itemsize=x.dtype.itemsize,
+                         scale_itemsize=sdt.itemsize, asymmetric=asym)
+    cost = pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed), transcendentals=0)
+    interp = _backend.resolve_interpret(interpret)
+    ax = _token_axis(x.shape, impl)
+    if ax is not None:
+        outs = _quantize_tokens_minor(x, ax, bits=bits, group_size=group_size, scheme=scheme, sdt=sdt,
+                                      block_sizes=block_sizes, cost=cost, interpret=interp)
+    else:
+        outs = _quantize_rows(x, bits=bits, group_size=group_size, scheme=scheme, sdt=sdt, block_sizes=block_sizes,
+                              impl=impl, cost=cost, interpret=interp)
+    codes, scale = outs[0], outs[1]
+    zero = outs[2] if asym else None
+    return qref.QuantizedTensor(codes=codes, scale=scale, zero=zero, bits=bits, group_size=group_size,
+                                axis=x.ndim - 1, scheme=scheme, pack_block=group_size, shape=tuple(x.shape),
+                                dtype=jnp.dtype(x.dtype).name)
+
+
+def _quantize_tokens_minor(x, ax, *, bits, group_size, scheme, sdt, block_sizes, cost, interpret):
+    """TPU: every array in XLA:TPU's layout (narrow ones tokens-on-lanes, see `_token_axis`), as [..., x]."""
+    nb, length, nq, d = _tokens_minor_dims(x.shape, ax)
+    n, ng = 8 // bits, d // group_size
+    bl, lp = _token_tiling(length, nq, d, block_sizes)
+    widths = [d // n, ng] + ([ng] if scheme == "asymmetric" else [])
+    dtypes = [jnp.uint8, sdt, sdt]
+    kernel = functools.partial(quantize_tokens_minor_kernel, bits=bits, group_size=group_size, scheme=scheme,
+                               scale_dtype=sdt, values_minor=_lanes_minor(d), codes_minor=_lanes_minor(d // n))
+    outs = pl.pallas_call(
+        kernel,
+        grid=(nb, lp // bl),
+        in_specs=[_tokens_minor_spec(nq, d, bl)],
+        out_specs=[_tokens_minor_spec(nq, w, bl) for w in widths],
+        out_shape=[_tokens_minor_shape(nb, lp, nq, w, dt) for w, dt in zip(widths, dtypes)],
+        compiler_params=_backend.compiler_params("pallas_tpu", dimension_semantics=("parallel", "parallel")),
+        interpret=interpret,
+        cost_estimate=cost,
+        name="kv_quantize",
+    )(_tokens_minor_view(x, nb, length, nq, lp))
+    return [_from_tokens_minor(o, w, x.shape[:-1], length) for o, w in zip(outs, widths)]
+
+
+def _quantize_rows(x, *, bits, group_size, scheme, sdt, block_sizes, impl, cost, interpret):
+    """Row-major kernel: [rows, d] tiles in, [rows, d/n] codes and [rows, d/G] scales out, as [..., x]."""
+    d = x.shape[-1]
+    n, ng = 8 // bits, d // group_size
+    rows = math.prod(x.shape[:-1])
     bs, rp = _row_tiling(rows, block_sizes, impl)
     x2 = x.reshape(rows, d)
     if rp != rows:
@@ -135,10 +245,7 @@ def quantize(
     if asym:
         out_shape.append(jax.ShapeDtypeStruct((rp, ng), sdt))
         out_specs.append(pl.BlockSpec((bs.block_rows, ng), lambda r: (r, 0)))
-    cost = quantize_cost(elements=rows * d, bits=bits, group_size=group_size, in_itemsize=x.dtype.itemsize,
-                         scale_itemsize=sdt.itemsize, asymmetric=asym)
-    interp = _backend.resolve_interpret(interpret)
-    div_fn = triton_div_rn if impl == "pallas_triton" and not interp else None
+    div_fn = triton_div_rn if impl == "pallas_triton" and not interpret else None
     kernel = functools.partial(quantize_kernel, bits=bits, group_size=group_size, scheme=scheme, scale_dtype=sdt,
                                div_fn=div_fn)
     with _backend.quiet_triton_deprecation():
@@ -149,18 +256,11 @@ def quantize(
             out_specs=out_specs,
             out_shape=out_shape,
             compiler_params=_backend.compiler_params(impl, dimension_semantics=("parallel",)),
-            interpret=interp,
-            cost_estimate=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed),
-                                          transcendentals=0),
+            interpret=interpret,
+            cost_estimate=cost,
             name="kv_quantize",
         )(x2)
-    lead = x.shape[:-1]
-    codes = outs[0][:rows].reshape(*lead, d // n)
-    scale = outs[1][:rows].reshape(*lead, ng)
-    zero = outs[2][:rows].reshape(*lead, ng) if asym else None
-    return qref.QuantizedTensor(codes=codes, scale=scale, zero=zero, bits=bits, group_size=group_size,
-                                axis=x.ndim - 1, scheme=scheme, pack_block=group_size, shape=tuple(x.shape),
-                                dtype=jnp.dtype(x.dtype).name)
+    return [o[:rows].reshape(*x.shape[:-1], o.shape[-1]) for o in outs]
 
 
 @functools.partial(jax.jit, static_argnames=("dtype", "block_sizes", "implementation", "interpret"))
@@ -201,15 +301,47 @@ def dequantize(
     rows = math.prod(qt.shape[:-1])
     if rows == 0:
         return jnp.zeros(qt.shape, out_dtype)
-    bs, rp = _row_tiling(rows, block_sizes, impl)
-    n, ng = 8 // qt.bits, d // qt.group_size
     asym = qt.scheme == "asymmetric"
-    arrays = [qt.codes.reshape(rows, d // n), qt.scale.reshape(rows, ng)] + ([qt.zero.reshape(rows, ng)] if asym else [])
-    if rp != rows:
-        arrays = [jnp.pad(a, ((0, rp - rows), (0, 0))) for a in arrays]
-    specs = [pl.BlockSpec((bs.block_rows, a.shape[-1]), lambda r: (r, 0)) for a in arrays]
+    arrays = [qt.codes, qt.scale] + ([qt.zero] if asym else [])
     cost = dequantize_cost(elements=rows * d, bits=qt.bits, group_size=qt.group_size, out_itemsize=out_dtype.itemsize,
                            scale_itemsize=qt.scale.dtype.itemsize, asymmetric=asym)
+    call = dict(out_dtype=out_dtype, block_sizes=block_sizes, interpret=_backend.resolve_interpret(interpret),
+                cost=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed), transcendentals=0))
+    ax = _token_axis(qt.shape, impl)
+    if ax is not None:
+        return _dequantize_tokens_minor(qt, arrays, ax, **call)
+    return _dequantize_rows(qt, arrays, impl=impl, **call)
+
+
+def _dequantize_tokens_minor(qt, arrays, ax, *, out_dtype, block_sizes, interpret, cost):
+    """TPU: codes, scales and values each in XLA:TPU's layout (narrow ones tokens-on-lanes, a bitcast of
+    how it stores them; see `_token_axis`)."""
+    nb, length, nq, d = _tokens_minor_dims(qt.shape, ax)
+    bl, lp = _token_tiling(length, nq, d, block_sizes)
+    kernel = functools.partial(dequantize_tokens_minor_kernel, bits=qt.bits, group_size=qt.group_size,
+                               scheme=qt.scheme, values_minor=_lanes_minor(d),
+                               codes_minor=_lanes_minor(qt.codes.shape[-1]))
+    out = pl.pallas_call(
+        kernel,
+        grid=(nb, lp // bl),
+        in_specs=[_tokens_minor_spec(nq, a.shape[-1], bl) for a in arrays],
+        out_specs=_tokens_minor_spec(nq, d, bl),
+        out_shape=_tokens_minor_shape(nb, lp, nq, d, out_dtype),
+        compiler_params=_backend.compiler_params("pallas_tpu", dimension_semantics=("parallel", "parallel")),
+        interpret=interpret,
+        cost_estimate=cost,
+        name="kv_dequantize",
+    )(*[_tokens_minor_view(a, nb, length, nq, lp) for a in arrays])
+    return _from_tokens_minor(out, d, qt.shape[:-1], length)
+
+
+def _dequantize_rows(qt, arrays, *, impl, out_dtype, block_sizes, interpret, cost):
+    """Row-major kernel: [rows, x] code and scale tiles in, [rows, d] values out."""
+    d = qt.shape[-1]
+    rows = math.prod(qt.shape[:-1])
+    bs, rp = _row_tiling(rows, block_sizes, impl)
+    arrays = [_backend.pad_axis(a.reshape(rows, a.shape[-1]), 0, rp) for a in arrays]
+    specs = [pl.BlockSpec((bs.block_rows, a.shape[-1]), lambda r: (r, 0)) for a in arrays]
     kernel = functools.partial(dequantize_kernel, bits=qt.bits, group_size=qt.group_size, scheme=qt.scheme)
     with _backend.quiet_triton_deprecation():
         out = pl.pallas_call(
@@ -219,9 +351,8 @@ def dequantize(
             out_specs=pl.BlockSpec((bs.block_rows, d), lambda r: (r, 0)),
             out_shape=jax.ShapeDtypeStruct((rp, d), out_dtype),
             compiler_params=_backend.compiler_params(impl, dimension_semantics=("parallel",)),
-            interpret=_backend.resolve_interpret(interpret),
-            cost_estimate=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed),
-                                          transcendentals=0),
+            interpret=interpret,
+            cost_estimate=cost,
             name="kv_dequantize",
         )(*arrays)
     return out[:rows].reshape(qt.shape)

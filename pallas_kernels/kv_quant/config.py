@@ -15,6 +15,8 @@ class QuantizeBlockSizes:
     Attributes:
       block_rows: rows (all leading dims flattened) per grid program; each program quantizes a
         [block_rows, last_dim] tile, all of its groups (power of two on Triton, multiple of 32 on TPU).
+        On TPU, for an input with a token axis (see `api._token_axis`), tokens per program instead
+        (a multiple of 128): each program quantizes [block_rows, Q, last_dim], every row of each token.
     """
 
     block_rows: int = 256
@@ -34,6 +36,17 @@ class QuantizeBlockSizes:
     def default(cls, *, rows: int, implementation: str) -> "QuantizeBlockSizes":
         """256 rows, shrunk (to a power of two >= 32) for small inputs."""
         return cls(block_rows=max(32, min(256, 1 << max(rows - 1, 1).bit_length())))
+
+    @classmethod
+    def tokens_minor_default(cls, *, length: int, rows: int, last_dim: int) -> "QuantizeBlockSizes":
+        """The TPU tokens-minor kernels' tiling: `block_rows` tokens (a multiple of 128, they lie on lanes),
+        each with `rows` rows of `last_dim` values. The largest of 512, 256, 128 tokens whose float32
+        tile of values stays within 2 MiB, no more than the (128-rounded) length."""
+        cap = max(128, -(-length // 128) * 128)
+        for t in (512, 256):
+            if t <= cap and t * rows * last_dim * 4 <= 2 * 2**20:
+                return cls(block_rows=t)
+        return cls(block_rows=128)
 
 
 # Quantized decode runs the dense split-K decode shell, so it takes the dense shell's tiling: block_k keys

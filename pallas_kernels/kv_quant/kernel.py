@@ -14,6 +14,12 @@ a portable round-half-to-even, OR the planes together and store one byte slice.
 `dequantize_kernel` (grid over row blocks): unpack each plane of each group with one shift and one
 mask, apply `(u - offset) * s` (or `u * s + z`) exactly as the reference, store the sub-slice.
 
+`quantize_tokens_minor_kernel` / `dequantize_tokens_minor_kernel` (TPU, grid (leading blocks, token
+blocks), used when the input has a token axis: see `api._token_axis`): the same arithmetic with each
+array in the layout XLA:TPU stores it in, tokens on lanes for a narrow last dim ([Q, w, bl] blocks), rows
+for a lane-dense one ([bl, Q, w]). Each of a token's Q rows is one [d, bl] tile (transposed once when
+read or written row-major), so a group is G sublanes and its extrema a sublane reduction.
+
 Quantized decode has no kernel body of its own: it is the dense split-K decode kernel
 (`decode_attention.kernel.split_k_decode_kernel`) with `quant_tile_loader`, which reads one
 `block_k`-key tile of one KV head as packed codes and scales, unpacks and dequantizes it
@@ -128,6 +134,85 @@ def dequantize_kernel(c_ref, s_ref, *refs, bits: int, group_size: int, scheme: s
         for i in range(n):
             xhat = qref.decode(unpack_plane(byte, i, bits), s, z, bits=bits, scheme=scheme)
             o_ref[:, pl.ds(gg * group_size + i * sub, sub)] = xhat.astype(o_ref.dtype)
+
+
+def _group_extrema(parts, scheme: str):
+    """Per-column extrema of a group's [G/n, bl] sub-slices (tokens on lanes): (hi, lo) [1, bl]."""
+    if scheme == "asymmetric":
+        hi = functools.reduce(jnp.maximum, [p.max(axis=0, keepdims=True) for p in parts])
+        lo = functools.reduce(jnp.minimum, [p.min(axis=0, keepdims=True) for p in parts])
+        return hi, lo
+    return functools.reduce(jnp.maximum, [jnp.abs(p).max(axis=0, keepdims=True) for p in parts]), None
+
+
+def quantize_tokens_minor_kernel(x_ref, *refs, bits: int, group_size: int, scheme: str, scale_dtype,
+                                 values_minor: bool, codes_minor: bool):
+    """x_ref [bl, Q, d] or, values_minor, [Q, d, bl] -> c_ref [Q, d/n, bl] uint8 or, not codes_minor,
+    [bl, Q, d/n]; s_ref [Q, d/G, bl] (z_ref [Q, d/G, bl] if asymmetric).
+
+    The TPU shell's form: the same codes, scales and zero points as `quantize_kernel`, each array read
+    or written in the layout XLA:TPU gives it (`api._token_axis`): tokens on lanes for narrow last dims,
+    row-major for lane-dense ones. Each of the Q rows of a token is handled as one [d, bl] tile
+    (transposed once when read row-major) whose groups are reduced along sublanes.
+    """
+    if scheme == "asymmetric":
+        c_ref, s_ref, z_ref = refs
+    else:
+        (c_ref, s_ref), z_ref = refs, None
+    n = 8 // bits
+    sub = group_size // n
+    nq, ng, bl = s_ref.shape
+    row = jax.lax.broadcasted_iota(jnp.int32, (ng, bl), 0)
+    for qq in range(nq):  # static
+        xt = x_ref[qq].astype(jnp.float32) if values_minor else x_ref[:, qq, :].astype(jnp.float32).T  # [d, bl]
+        scales = jnp.zeros((ng, bl), jnp.float32)
+        zeros = jnp.zeros((ng, bl), jnp.float32)
+        packed_groups = []
+        for gg in range(ng):  # static
+            parts = [xt[gg * group_size + i * sub: gg * group_size + (i + 1) * sub] for i in range(n)]
+            hi, lo = _group_extrema(parts, scheme)
+            scale, zero = qref.scale_and_zero(hi, lo, bits=bits, scheme=scheme, scale_dtype=scale_dtype)
+            packed = None
+            for i, p in enumerate(parts):
+                u = qref.encode(p, scale, zero, bits=bits, scheme=scheme, round_fn=round_half_even, dtype=jnp.int32)
+                packed = u if packed is None else packed | (u << (bits * i))
+            if codes_minor:
+                c_ref[qq, pl.ds(gg * sub, sub), :] = packed.astype(c_ref.dtype)
+            packed_groups.append(packed)
+            scales = jnp.where(row == gg, scale.astype(jnp.float32), scales)
+            if zero is not None:
+                zeros = jnp.where(row == gg, zero.astype(jnp.float32), zeros)
+        if not codes_minor:
+            c_ref[:, qq, :] = jnp.concatenate(packed_groups, axis=0).T.astype(c_ref.dtype)
+        s_ref[qq] = scales.astype(s_ref.dtype)
+        if z_ref is not None:
+            z_ref[qq] = zeros.astype(z_ref.dtype)
+
+
+def dequantize_tokens_minor_kernel(c_ref, s_ref, *refs, bits: int, group_size: int, scheme: str,
+                                   values_minor: bool, codes_minor: bool):
+    """c_ref [Q, d/n, bl] uint8 (or [bl, Q, d/n]), s_ref [Q, d/G, bl] (z_ref) -> o_ref [bl, Q, d] (or
+    [Q, d, bl]): `dequantize_kernel` with each array in XLA:TPU's layout, as `quantize_tokens_minor_kernel`."""
+    if scheme == "asymmetric":
+        z_ref, o_ref = refs
+    else:
+        (o_ref,), z_ref = refs, None
+    n = 8 // bits
+    sub = group_size // n
+    nq, ng = s_ref.shape[0], s_ref.shape[1]
+    for qq in range(nq):  # static
+        codes = c_ref[qq].astype(jnp.int32) if codes_minor else c_ref[:, qq, :].astype(jnp.int32).T  # [d/n, bl]
+        pieces = []
+        for gg in range(ng):  # static
+            byte = codes[gg * sub:(gg + 1) * sub]
+            s = s_ref[qq, pl.ds(gg, 1), :]
+            z = None if z_ref is None else z_ref[qq, pl.ds(gg, 1), :]
+            pieces += [qref.decode(unpack_plane(byte, i, bits), s, z, bits=bits, scheme=scheme) for i in range(n)]
+        values = jnp.concatenate(pieces, axis=0)  # [d, bl]
+        if values_minor:
+            o_ref[qq] = values.astype(o_ref.dtype)
+        else:
+            o_ref[:, qq, :] = values.T.astype(o_ref.dtype)
 
 
 def _head_rows(ref, h: int, rows):
