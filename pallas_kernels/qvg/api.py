@@ -7,7 +7,9 @@ byte, so its codes are [.., d / (8 / bits)].
 
 `kmeans_assign` is `primitives.kmeans.assign`: nearest centroid by ``|x|^2 - 2 x.c + |c|^2``,
 lowest index on ties. On compiled GPUs the matmul may run in TF32, which can flip near-ties; the
-interpreter matches the reference exactly.
+interpreter matches the reference exactly. The labels are written as [g, 1, s] rows (points along
+lanes): as a [g, s, 1] column, XLA:TPU padded them to 128 lanes, 256 MiB of temporaries for the AOT
+case's 64 x 8192 points; none now, on v5e and v6e.
 
 `qvg_attention` is `primitives.attention.attention(q, K, V, kv_lengths=lengths)` where K and V are
 the dequantized QVG spans (`primitives.residual_quantization.QVGTensor` of shape [b, kh, s, d], the
@@ -70,7 +72,7 @@ def kmeans_assign(x: jax.Array, centroids: jax.Array, *, block_sizes: AssignBloc
     Args:
       x: [..., s, d] points.
       centroids: [..., k, d] with the same leading dims.
-      block_sizes: tiling; default `AssignBlockSizes.default(points=s)`.
+      block_sizes: tiling; default `AssignBlockSizes.default(points=s, implementation=...)`.
       implementation: None | "xla" (`primitives.kmeans.assign`) | "pallas" | "pallas_tpu" | "pallas_triton".
       interpret: run the Pallas kernel in the interpreter (None = iff on CPU).
 
@@ -86,10 +88,12 @@ def kmeans_assign(x: jax.Array, centroids: jax.Array, *, block_sizes: AssignBloc
         return km.assign(x, centroids)
     lead, (s, d), k = x.shape[:-2], x.shape[-2:], centroids.shape[-2]
     g = math.prod(lead)
-    bs = block_sizes or AssignBlockSizes.default(points=s)
+    bs = block_sizes or AssignBlockSizes.default(points=s, implementation=impl)
     bs.validate(impl)
     sp = max(1, -(-s // bs.block_s)) * bs.block_s
-    kp = _backend.padded_rows(k, impl)
+    # TPU: the [bs, kp] distances are transposed in the kernel, so kp fills whole lanes (the MXU is 128
+    # wide anyway); the padded centroids never win (their distance is +inf).
+    kp = -(-k // 128) * 128 if impl == "pallas_tpu" else _backend.padded_rows(k, impl)
     xf = _backend.pad_axis(x.reshape(g, s, d).astype(jnp.float32), 1, sp)
     cf = _backend.pad_axis(centroids.reshape(g, k, d).astype(jnp.float32), 1, kp)
     cc = jnp.sum(cf * cf, axis=-1)[:, None, :]  # [g, 1, kp]
@@ -101,15 +105,15 @@ def kmeans_assign(x: jax.Array, centroids: jax.Array, *, block_sizes: AssignBloc
             in_specs=[pl.BlockSpec((None, bs.block_s, d), lambda i, j: (i, j, 0)),
                       pl.BlockSpec((None, kp, d), lambda i, j: (i, 0, 0)),
                       pl.BlockSpec((None, 1, kp), lambda i, j: (i, 0, 0))],
-            out_specs=pl.BlockSpec((None, bs.block_s, 1), lambda i, j: (i, j, 0)),
-            out_shape=jax.ShapeDtypeStruct((g, sp, 1), jnp.int32),
+            out_specs=pl.BlockSpec((None, 1, bs.block_s), lambda i, j: (i, 0, j)),
+            out_shape=jax.ShapeDtypeStruct((g, 1, sp), jnp.int32),
             compiler_params=_backend.compiler_params(impl, dimension_semantics=("parallel", "parallel")),
             interpret=_backend.resolve_interpret(interpret),
             cost_estimate=pl.CostEstimate(flops=int(cost.flops), bytes_accessed=int(cost.bytes_accessed),
                                           transcendentals=0),
             name="kmeans_assign",
         )(xf, cf, cc)
-    return labels[:, :s, 0].reshape(*lead, s)
+    return labels[:, 0, :s].reshape(*lead, s)
 
 
 def _check_span(name: str, t, q: jax.Array) -> None:

@@ -13,8 +13,9 @@ class AssignBlockSizes:
     """Tiling of `kmeans_assign`.
 
     Attributes:
-      block_s: points per grid program (power of two >= 16 on Triton, multiple of 8 on TPU); all
-        centroids of the group are resident (k <= a few hundred, as in QVG).
+      block_s: points per grid program (power of two >= 16 on Triton, multiple of 128 on TPU, where
+        the labels lie along lanes); all centroids of the group are resident (k <= a few hundred, as
+        in QVG).
     """
 
     block_s: int = 256
@@ -26,13 +27,15 @@ class AssignBlockSizes:
     def validate(self, implementation: str) -> None:
         if implementation == "pallas_triton" and (not is_power_of_two(self.block_s) or self.block_s < 16):
             raise ValueError(f"Triton needs block_s a power of two >= 16; got block_s={self.block_s}")
-        if implementation == "pallas_tpu" and self.block_s % 8:
-            raise ValueError(f"TPU needs block_s a multiple of 8; got block_s={self.block_s}")
+        if implementation == "pallas_tpu" and self.block_s % 128:
+            raise ValueError(f"TPU needs block_s a multiple of 128 (the labels lie along lanes); got "
+                             f"block_s={self.block_s}")
 
     @classmethod
-    def default(cls, *, points: int) -> "AssignBlockSizes":
-        """256 points, shrunk to a power of two >= 16 for small groups."""
-        return cls(block_s=max(16, min(256, 1 << max(points - 1, 1).bit_length())))
+    def default(cls, *, points: int, implementation: str | None = None) -> "AssignBlockSizes":
+        """256 points, shrunk to a power of two >= 16 (>= 128 on TPU) for small groups."""
+        low = 128 if implementation == "pallas_tpu" else 16
+        return cls(block_s=max(low, min(256, 1 << max(points - 1, 1).bit_length())))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -39,16 +39,21 @@ from primitives import quantization as qref
 
 
 def kmeans_assign_kernel(x_ref, c_ref, cc_ref, o_ref, *, num_centroids: int):
-    """x_ref [bs, d], c_ref [kp, d], cc_ref [1, kp] (|c|^2; padded centroids +big) -> o_ref [bs, 1] int32."""
+    """x_ref [bs, d], c_ref [kp, d], cc_ref [1, kp] (|c|^2; padded centroids +big) -> o_ref [1, bs] int32.
+
+    The labels come out as a row, points along lanes: a [bs, 1] column block would pad to 128 lanes in
+    TPU HBM (128 times the labels' bytes). So the [bs, kp] distances are transposed once and reduced
+    along sublanes; the lowest index wins ties, as `jnp.argmin`.
+    """
     x = x_ref[...].astype(jnp.float32)
     c = c_ref[...].astype(jnp.float32)
     xx = jnp.sum(x * x, axis=-1, keepdims=True)
-    dist = jnp.maximum(xx - 2.0 * jnp.dot(x, c.T, preferred_element_type=jnp.float32) + cc_ref[...], 0.0)
+    dist = jnp.maximum(xx - 2.0 * jnp.dot(x, c.T, preferred_element_type=jnp.float32) + cc_ref[...], 0.0).T
     kp = c.shape[0]
-    col = jax.lax.broadcasted_iota(jnp.int32, dist.shape, 1)
-    dist = jnp.where(col < num_centroids, dist, jnp.inf)
-    best = jnp.min(dist, axis=-1, keepdims=True)
-    o_ref[...] = jnp.min(jnp.where(dist == best, col, kp), axis=-1, keepdims=True).astype(jnp.int32)
+    row = jax.lax.broadcasted_iota(jnp.int32, dist.shape, 0)  # [kp, bs]
+    dist = jnp.where(row < num_centroids, dist, jnp.inf)
+    best = jnp.min(dist, axis=0, keepdims=True)
+    o_ref[...] = jnp.min(jnp.where(dist == best, row, kp), axis=0, keepdims=True).astype(jnp.int32)
 
 
 def _residual_planes(c_ref, s_ref, z_ref, tokens, *, bits: int, group_size: int, scheme: str, valid=None):

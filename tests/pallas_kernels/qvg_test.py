@@ -21,7 +21,7 @@ def _normal(shape, seed):
 
 
 # (shell, groups shape, s, d, k, block_s): point counts that are not block multiples, odd k.
-ASSIGN_CASES = [("pallas_triton", (2,), 100, 32, 7, 32), ("pallas_tpu", (2, 3), 70, 64, 20, 16)]
+ASSIGN_CASES = [("pallas_triton", (2,), 100, 32, 7, 32), ("pallas_tpu", (2, 3), 200, 64, 20, 128)]
 
 
 @pytest.mark.parametrize("impl, lead, s, d, k, block", ASSIGN_CASES)
@@ -38,7 +38,7 @@ def test_kmeans_assign_matches_the_reference_and_brute_force(impl, lead, s, d, k
 def test_kmeans_assign_breaks_ties_to_the_lowest_index():
     x = jnp.zeros((1, 16, 16))
     c = jnp.concatenate([jnp.ones((1, 1, 16)), jnp.zeros((1, 3, 16))], axis=1)  # centroids 1..3 all at distance 0
-    got = kmeans_assign(x, c, implementation="pallas_tpu", interpret=True, block_sizes=AssignBlockSizes(block_s=16))
+    got = kmeans_assign(x, c, implementation="pallas_tpu", interpret=True, block_sizes=AssignBlockSizes(block_s=128))
     np.testing.assert_array_equal(got, 1)
 
 
@@ -169,6 +169,8 @@ def test_bad_inputs_are_named():
         QVGAttentionBlockSizes(block_k=48).validate("pallas_triton")
     with pytest.raises(ValueError, match="multiple of 128"):
         QVGAttentionBlockSizes(block_k=32).validate("pallas_tpu")
+    with pytest.raises(ValueError, match="TPU needs block_s a multiple of 128"):
+        AssignBlockSizes(block_s=64).validate("pallas_tpu")
     with pytest.raises(ValueError, match="num_splits"):
         QVGAttentionBlockSizes(num_splits=0)
     with pytest.raises(ValueError, match="share leading dims"):
