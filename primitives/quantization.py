@@ -12,15 +12,16 @@ scale ``s`` (and, for the asymmetric scheme, a zero point ``z``), and each eleme
 * ``"asymmetric"`` (min/max with a zero point; KIVI/QVG's option):
   ``s = (max x - min x) / L``, ``z = min x``, ``u = clip(round((x - z) / s), 0, L)``, ``xhat = u s + z``.
 
-Rounding, defined bit-exactly: every step is IEEE float32 arithmetic in the order written above
-(``x`` is first cast to float32; ``x / s`` is a true, correctly rounded division, not a multiply by
-``1/s``; the scale's division by the constant Q, o or L is a multiply by its float32 reciprocal
-``fl(1/Q)``, which is what XLA compiles a constant division to under ``jit``), and ``round`` is
+Rounding, defined bit-exactly: every step is IEEE float32 arithmetic in the order written above,
+except that both divisions are multiplies by a float32 reciprocal: ``x / s`` is ``x * fl(1/s)`` and the
+scale's division by the constant Q, o or L is a multiply by ``fl(1/Q)``. That is what XLA compiles
+either division to under ``jit`` (eagerly it divides), so only the multiplies give the same codes
+whether or not the caller jits (``encode``). ``x`` is first cast to float32, and ``round`` is
 round-half-to-even (``jnp.round``). The scale is computed in float32, clamped to [smallest normal,
 largest finite] of ``scale_dtype`` and then *stored* in ``scale_dtype``; codes and zero points are
 computed against the stored (rounded) scale, so ``dequantize`` of the stored tensor is exactly what
-the codes mean. In float32 storage every element obeys ``|x - xhat| <= s / 2`` up to one float32
-rounding of ``x / s`` and of ``xhat``.
+the codes mean. In float32 storage every element obeys ``|x - xhat| <= s / 2`` up to the float32
+roundings of ``fl(1/s)``, of ``x * fl(1/s)`` and of ``xhat``.
 
 Packing: ``n = 8 / bits`` codes share a uint8 byte, always along the *last* axis, in planes: the last
 axis is cut into pack blocks of ``B`` elements (default ``B = G`` when groups run along the last axis,
@@ -209,8 +210,8 @@ def _scale_dtype(scale_dtype: Any) -> jnp.dtype:
     return dt
 
 
-def _true_divide(a: jax.Array, b: jax.Array) -> jax.Array:
-    return a / b
+def _reciprocal(s: jax.Array) -> jax.Array:
+    return jnp.float32(1.0) / s
 
 
 def reciprocal_divisor(bits: int, scheme: str) -> float:
@@ -250,21 +251,32 @@ def group_stats(xg: jax.Array, *, bits: int, scheme: str, scale_dtype=jnp.float3
 
 
 def encode(x: jax.Array, scale: jax.Array, zero: jax.Array | None, *, bits: int, scheme: str,
-           round_fn=jnp.round, div_fn=_true_divide, dtype=jnp.uint8) -> jax.Array:
+           round_fn=jnp.round, reciprocal_fn=_reciprocal, dtype=jnp.uint8) -> jax.Array:
     """Codes (unpacked, ``dtype``) of float32 ``x`` given broadcastable stored scale / zero point.
 
-    ``round_fn`` must be round-half-to-even and ``div_fn`` IEEE float32 division; kernels pass
-    portable equivalents (round from ``floor``; an exact division where ``/`` is approximate).
+    ``x`` is *multiplied* by the float32 reciprocal of the scale, ``round(x * fl(1 / s))``, not divided
+    by it: under ``jit`` XLA rewrites a division by a broadcast scale into that multiply, and eagerly it
+    does not, so ``x / s`` gave different codes at rounding ties (0.06% of the codes of a
+    bfloat16-valued input) depending on whether the caller jitted. The multiply gives the same bits
+    eagerly, under ``jit`` and in the kernels. ``round_fn`` must be round-half-to-even and
+    ``reciprocal_fn`` the IEEE float32 ``1 / s``; kernels pass portable equivalents (round from
+    ``floor``; a correctly rounded division where ``/`` is approximate).
     """
     offset, _ = code_levels(bits, scheme)
     top = float(2**bits - 1)
-    s = jnp.broadcast_to(scale.astype(jnp.float32), x.shape)
+    r = reciprocal_fn(jnp.asarray(scale).astype(jnp.float32))
     if scheme == "symmetric":
-        u = jnp.clip(round_fn(div_fn(x, s)), -offset, offset) + jnp.float32(offset)
+        u = jnp.clip(round_fn(x * r), -offset, offset) + jnp.float32(offset)
     elif scheme == "midrise":
-        u = jnp.clip(round_fn(div_fn(x, s) + jnp.float32(offset)), 0.0, top)
+        # round(y + o) with o = m - 1/2, m = 2^(bits-1) (even), y = x * fl(1/s), the add exact: floor(y) + m,
+        # one less on a tie (y an odd integer) so the result is even. Written as `round(y + o)`, XLA
+        # fuses the multiply and add into one FMA under jit only, which moved codes at ties.
+        y = x * r
+        f = jnp.floor(y)
+        odd_tie = (f == y) & (f - 2.0 * jnp.floor(f * 0.5) != 0.0)
+        u = jnp.clip(f + jnp.float32(offset + 0.5) - odd_tie.astype(jnp.float32), 0.0, top)
     else:
-        u = jnp.clip(round_fn(div_fn(x - zero.astype(jnp.float32), s)), 0.0, top)
+        u = jnp.clip(round_fn((x - zero.astype(jnp.float32)) * r), 0.0, top)
     return u.astype(dtype)
 
 

@@ -6,7 +6,7 @@ Dimension legend: `b` batch, `h` query heads, `k` key/value heads (h % k == 0), 
 
 `quantize` has the contract of `primitives.quantization.quantize` for groups along the last axis
 (pack blocks = groups): the Pallas kernel produces bit-identical codes, scales and zero points
-(same float32 op order; round-half-even built from floor; on compiled Triton an explicit
+(same float32 op order; round-half-even built from floor; on compiled Triton the reciprocal `1 / s` is an explicit
 `div.rn.f32`, because Triton's `/` is approximate). `dequantize` is the inverse of that format,
 computed with the reference's `(u - offset) * s` / `u * s + z`.
 
@@ -58,7 +58,7 @@ from pallas_kernels.decode_attention.api import split_k_decode
 from pallas_kernels.kv_quant.config import QuantDecodeBlockSizes, QuantizeBlockSizes, quant_decode_default
 from pallas_kernels.kv_quant.cost import dequantize_cost, quant_decode_cost, quantize_cost
 from pallas_kernels.kv_quant.kernel import (dequantize_kernel, dequantize_tokens_minor_kernel, quant_tile_loader,
-                                           quantize_kernel, quantize_tokens_minor_kernel, triton_div_rn)
+                                           quantize_kernel, quantize_tokens_minor_kernel, triton_reciprocal_rn)
 from primitives import attention as attn_ref
 from primitives import quantization as qref
 
@@ -245,9 +245,9 @@ def _quantize_rows(x, *, bits, group_size, scheme, sdt, block_sizes, impl, cost,
     if asym:
         out_shape.append(jax.ShapeDtypeStruct((rp, ng), sdt))
         out_specs.append(pl.BlockSpec((bs.block_rows, ng), lambda r: (r, 0)))
-    div_fn = triton_div_rn if impl == "pallas_triton" and not interpret else None
+    reciprocal_fn = triton_reciprocal_rn if impl == "pallas_triton" and not interpret else None
     kernel = functools.partial(quantize_kernel, bits=bits, group_size=group_size, scheme=scheme, scale_dtype=sdt,
-                               div_fn=div_fn)
+                               reciprocal_fn=reciprocal_fn)
     with _backend.quiet_triton_deprecation():
         outs = pl.pallas_call(
             kernel,

@@ -53,6 +53,11 @@ def round_half_even(y: jax.Array) -> jax.Array:
     return jnp.where(up, f + 1.0, f)
 
 
+def triton_reciprocal_rn(s: jax.Array) -> jax.Array:
+    """The correctly rounded float32 `1 / s` on compiled Triton (`triton_div_rn`)."""
+    return triton_div_rn(jnp.ones_like(s), s)
+
+
 def triton_div_rn(a: jax.Array, b: jax.Array) -> jax.Array:
     """IEEE (round-to-nearest-even) float32 division on the Triton backend.
 
@@ -74,12 +79,13 @@ def unpack_plane(byte: jax.Array, plane: int, bits: int) -> jax.Array:
     return ((byte >> (bits * plane)) & (2**bits - 1)).astype(jnp.float32)
 
 
-def quantize_kernel(x_ref, *refs, bits: int, group_size: int, scheme: str, scale_dtype, div_fn=None):
+def quantize_kernel(x_ref, *refs, bits: int, group_size: int, scheme: str, scale_dtype, reciprocal_fn=None):
     """x_ref [br, d] -> c_ref [br, d/n] uint8, s_ref [br, d/G] (z_ref [br, d/G] if asymmetric).
 
-    `div_fn`: exact float32 division for backends whose `/` is approximate (None: `/`).
+    `reciprocal_fn`: the correctly rounded float32 `1 / s` for backends whose `/` is approximate
+    (None: `/`).
     """
-    div = {} if div_fn is None else {"div_fn": div_fn}
+    div = {} if reciprocal_fn is None else {"reciprocal_fn": reciprocal_fn}
     if scheme == "asymmetric":
         c_ref, s_ref, z_ref = refs
     else:
