@@ -11,6 +11,19 @@ program (grid axis: tiles of sequences) scans its tile over all tokens twice, in
   2. backward pass: the running right context; each token's output is `wkv_combine` of its stored left
      context, the right context and its own bonus term, written over the stored mean.
 
+The backward kernel (`bi_wkv_backward_kernel`, the custom VJP's backward) has the same shape: with the
+cotangent g, the output y and each token's total log-normalizer Z (which the forward writes over its
+left-context lse in its second pass), the weight of key j in token t's output is p_tj = e^{l_tj - Z_t}, and
+
+  dv_j = sum_t p_tj g_t,   dk_j = v_j dv_j - sum_t p_tj g_t y_t,   du = sum_j p_jj g_j (v_j - y_j),
+  dw = -sum_j sum_{t != j} (|t - j| - 1) p_tj g_t (v_j - y_t).
+
+Over t != j these are decayed directional sums of the query-side terms e^{-Z_t} g_t and e^{-Z_t} g_t y_t
+(logit -Z_t in place of k_t), and for dw the same sums weighted by the distance, which advance as
+D' = e^{-w} (D + S). A forward pass over the tokens writes each key's left-context parts of dv and of the
+y-weighted sum into dv and dk; the backward pass adds the right context and the token's own term and
+forms dk; dw and du accumulate in registers and are written once per program.
+
 Per token this is [rows, lanes] element-wise math only (no matmul, no cross-lane reduction), loaded and
 stored by a dynamic index on the leading (time) axis, which both backends support. The tokens past
 `seq_len` (padding to a power of two for Triton) are never read. Triton has no scratch memory, so the left
@@ -25,15 +38,51 @@ import jax.numpy as jnp
 from primitives.linear_attention import MASK_VALUE, wkv_combine, wkv_update
 
 
+def combine_with_lse(left, right, u, k_t, v_t):
+    """`wkv_combine`'s output and the token's total log-normalizer Z = log(B + D + e^{u+k})."""
+    (ml, al, bl), (mr, ar, br) = left, right
+    top = jnp.maximum(jnp.maximum(ml, mr), u + k_t)
+    z = top + jnp.log(jnp.exp(ml - top) * bl + jnp.exp(mr - top) * br + jnp.exp(u + k_t - top))
+    return wkv_combine(left, right, u, k_t, v_t), z
+
+
+def _time_loops(seq_len: int, block_t: int, forward, forward_state, backward, backward_state):
+    """Runs `forward` over tokens 0..seq_len-1 from `forward_state`, then `backward` over seq_len-1..0 from
+    `backward_state`, in `fori_loop` chunks of `block_t` unrolled tokens (the ragged tail statically).
+    Returns the two final states."""
+    n_chunks, tail = divmod(seq_len, block_t)
+
+    def forward_chunk(c, state):
+        base = c * block_t
+        for i in range(block_t):
+            state = forward(base + i, state)
+        return state
+
+    def backward_chunk(c, state):
+        base = (n_chunks - 1 - c) * block_t
+        for i in reversed(range(block_t)):
+            state = backward(base + i, state)
+        return state
+
+    state = jax.lax.fori_loop(0, n_chunks, forward_chunk, forward_state)
+    for t in range(n_chunks * block_t, seq_len):
+        state = forward(t, state)
+    first = state
+    state = backward_state
+    for t in reversed(range(n_chunks * block_t, seq_len)):
+        state = backward(t, state)
+    return first, jax.lax.fori_loop(0, n_chunks, backward_chunk, state)
+
+
 def bi_wkv_kernel(w_ref, u_ref, k_ref, v_ref, o_ref, lse_ref, *, seq_len: int, block_t: int):
     """w_ref, u_ref [R, L]; k_ref, v_ref [tp, R, L] -> o_ref [tp, R, L] float32 (Bi-WKV), lse_ref [tp, R, L]
-    float32 (log-normalizer of each token's left context; an intermediate)."""
+    float32 (each token's total log-normalizer Z, a residual of the backward; the first pass keeps its left
+    context's there)."""
     w = w_ref[...].astype(jnp.float32)
     u = u_ref[...].astype(jnp.float32)
     ones = jnp.ones(w.shape, jnp.float32)
     empty = (jnp.full(w.shape, MASK_VALUE, jnp.float32), jnp.zeros(w.shape, jnp.float32),
              jnp.zeros(w.shape, jnp.float32))
-    n_chunks, tail = divmod(seq_len, block_t)
 
     def load(t):
         return k_ref[t].astype(jnp.float32), v_ref[t].astype(jnp.float32)
@@ -48,25 +97,62 @@ def bi_wkv_kernel(w_ref, u_ref, k_ref, v_ref, o_ref, lse_ref, *, seq_len: int, b
 
     def backward(t, state):
         k_t, v_t = load(t)
-        o_ref[t] = wkv_combine((lse_ref[t], o_ref[t], ones), state, u, k_t, v_t)
+        o_ref[t], lse_ref[t] = combine_with_lse((lse_ref[t], o_ref[t], ones), state, u, k_t, v_t)
         return wkv_update(state, k_t, v_t, w)
 
-    def forward_chunk(c, state):
-        base = c * block_t
-        for i in range(block_t):
-            state = forward(base + i, state)
-        return state
+    _time_loops(seq_len, block_t, forward, empty, backward, empty)
 
-    def backward_chunk(c, state):
-        base = (n_chunks - 1 - c) * block_t
-        for i in reversed(range(block_t)):
-            state = backward(base + i, state)
-        return state
 
-    state = jax.lax.fori_loop(0, n_chunks, forward_chunk, empty)
-    for t in range(n_chunks * block_t, seq_len):
-        state = forward(t, state)
-    state = empty
-    for t in reversed(range(n_chunks * block_t, seq_len)):
-        state = backward(t, state)
-    jax.lax.fori_loop(0, n_chunks, backward_chunk, state)
+def bi_wkv_backward_kernel(w_ref, u_ref, k_ref, v_ref, g_ref, y_ref, z_ref, dk_ref, dv_ref, dw_ref, du_ref, *,
+                           seq_len: int, block_t: int):
+    """w_ref, u_ref [R, L]; k_ref, v_ref, g_ref (the output's cotangent) [tp, R, L]; y_ref, z_ref [tp, R, L]
+    float32 (the forward's output and log-normalizers) -> dk_ref, dv_ref [tp, R, L] float32, dw_ref, du_ref
+    [R, L] float32 (summed over the sequence's tokens). See the module docstring for the sums.
+
+    The running context state is (m, s1, s2, d1, d2): S1 = s1 e^m = sum of e^{-(dist) w - Z_t} g_t over the
+    context, S2 the same of g_t y_t, D1, D2 those sums weighted by the distance, m their largest exponent
+    (MASK_VALUE when empty), so that e^{k_j + m} <= 1 (it is the largest weight p_tj of the context).
+    """
+    w = w_ref[...].astype(jnp.float32)
+    u = u_ref[...].astype(jnp.float32)
+    zero = jnp.zeros(w.shape, jnp.float32)
+    empty = (jnp.full(w.shape, MASK_VALUE, jnp.float32), zero, zero, zero, zero)
+
+    def load(t):
+        g_t = g_ref[t].astype(jnp.float32)
+        return k_ref[t].astype(jnp.float32), v_ref[t].astype(jnp.float32), g_t, y_ref[t], z_ref[t]
+
+    def advance(ctx, z_t, g_t, gy_t):  # the context one token further: decay by w, token t enters at -Z_t
+        m, s1, s2, d1, d2 = ctx
+        m_new = jnp.maximum(m - w, -z_t)
+        old = jnp.exp(m - w - m_new)
+        new = jnp.exp(-z_t - m_new)
+        return m_new, old * s1 + new * g_t, old * s2 + new * gy_t, old * (d1 + s1), old * (d2 + s2)
+
+    def context_terms(ctx, k_t, v_t):  # this context's parts of dv_t, of sum_t p g y, and of dw
+        m, s1, s2, d1, d2 = ctx
+        e = jnp.exp(k_t + m)
+        return e * s1, e * s2, -e * (v_t * d1 - d2)
+
+    def forward(t, carry):
+        ctx, dw = carry
+        k_t, v_t, g_t, y_t, z_t = load(t)
+        dv_l, q_l, dw_l = context_terms(ctx, k_t, v_t)
+        dv_ref[t] = dv_l
+        dk_ref[t] = q_l
+        return advance(ctx, z_t, g_t, g_t * y_t), dw + dw_l
+
+    def backward(t, carry):
+        ctx, dw, du = carry
+        k_t, v_t, g_t, y_t, z_t = load(t)
+        dv_r, q_r, dw_r = context_terms(ctx, k_t, v_t)
+        p_self_g = jnp.exp(u + k_t - z_t) * g_t
+        dv = dv_ref[t] + dv_r + p_self_g
+        dv_ref[t] = dv
+        dk_ref[t] = v_t * dv - (dk_ref[t] + q_r + p_self_g * y_t)
+        return advance(ctx, z_t, g_t, g_t * y_t), dw + dw_r, du + p_self_g * (v_t - y_t)
+
+    (_, dw_left), (_, dw_right, du) = _time_loops(seq_len, block_t, forward, (empty, zero), backward,
+                                                  (empty, zero, zero))
+    dw_ref[...] = dw_left + dw_right
+    du_ref[...] = du

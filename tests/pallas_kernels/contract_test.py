@@ -233,7 +233,7 @@ for _d, _platforms in ((128, ("tpu", "cuda")), (64, ("tpu",))):
 
 @lowering_case("wkv", "bi_wkv")
 def _wkv(impl):
-    def f(w, u, k, v):  # forward kernel + gradient (the backward is the XLA primitive's VJP)
+    def f(w, u, k, v):  # forward kernel + gradient (the backward kernel)
         return jax.value_and_grad(lambda kk: bi_wkv(w, u, kk, v, implementation=impl, interpret=False)
                                   .astype(jnp.float32).sum())(k)
 
