@@ -261,12 +261,13 @@ def _vegas_sparse(z: Size):
 def _wkv(z: Size):
     c = 768 if z is FULL else 32
 
-    def f(kw, w, u, k, v):
-        loss = lambda kk: bi_wkv(w, u, kk, v, **kw).astype(jnp.float32).sum()
-        return jax.value_and_grad(loss)(k)
+    def f(kw, w, u, k, v, probe):  # every gradient (w, u, k, v): the backward kernel's four outputs
+        loss = lambda *a: (bi_wkv(*a, **kw).astype(jnp.float32) * probe).sum()
+        return jax.value_and_grad(loss, (0, 1, 2, 3))(w, u, k, v)
 
     return f, (_normal(24, (c,), jnp.float32), _normal(25, (c,), jnp.float32),
-               _normal(26, (z.batch, z.seq, c), scale=2.0), _normal(27, (z.batch, z.seq, c)))
+               _normal(26, (z.batch, z.seq, c), scale=2.0), _normal(27, (z.batch, z.seq, c)),
+               _normal(28, (z.batch, z.seq, c), jnp.float32))
 
 
 # --------------------------------------------------------------------------------------------------------
