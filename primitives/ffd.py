@@ -68,7 +68,7 @@ import jax.numpy as jnp
 
 from primitives.attention import (AttentionOutput, combine_partials, decode_attention, kv_token_axis,
                                   kv_tokens_heads)
-from primitives import quest
+from primitives import quantization, quest
 
 __all__ = [
     "LOG2E",
@@ -279,7 +279,7 @@ def unpack_codes(packed: jax.Array, bits: int, axis: int = -1) -> jax.Array:
 
 
 def quantize_pages(pages: jax.Array, bits: int = 2) -> tuple[jax.Array, jax.Array]:
-    """Per-page per-channel symmetric quantization of key pages ``[..., bs, d]``.
+    """Per-page per-channel symmetric quantization of key pages ``[..., bs, d]`` (midrise levels).
 
     The scale is the maximum over the page's tokens (axis ``-2``) of ``|K|``, divided by ``o``.
 
@@ -287,11 +287,13 @@ def quantize_pages(pages: jax.Array, bits: int = 2) -> tuple[jax.Array, jax.Arra
       ``(codes uint8 [..., bs, d] unpacked, scales float32 [..., d])``.
     """
     _check_bits(bits)
-    o = _offset(bits)
     x = pages.astype(jnp.float32)
-    scales = jnp.maximum(jnp.max(jnp.abs(x), axis=-2) / o, 1e-8)
-    codes = jnp.clip(jnp.round(x / scales[..., None, :] + o), 0, 2**bits - 1)
-    return codes.astype(jnp.uint8), scales
+    r = jnp.float32(quantization.reciprocal_divisor(bits, "midrise"))  # fl(1 / o)
+    scales = jnp.maximum(jnp.max(jnp.abs(x), axis=-2) * r, 1e-8)
+    # round(x / s + o) as `quantization.encode` computes it, multiplies by fl(1/s) and the add exact, so
+    # the codes are the same eagerly and under jit (there XLA made x / s + o one FMA).
+    codes = quantization.encode(x, scales[..., None, :], None, bits=bits, scheme="midrise")
+    return codes, scales
 
 
 def dequantize_pages(codes: jax.Array, scales: jax.Array, bits: int = 2) -> jax.Array:

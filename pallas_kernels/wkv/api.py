@@ -169,8 +169,8 @@ def _bi_wkv_pallas_fwd(w, u, k, v, bs, impl, interpret, method):
 
 def _bi_wkv_pallas_bwd(bs, impl, interpret, method, residuals, d_out):
     w, u, k, v, y, z = residuals
-    tp = y.shape[0]
-    if impl == "pallas_tpu" and _tpu_backward_vmem_bytes(tp, bs, k.dtype.itemsize, d_out.dtype.itemsize) > _TPU_VMEM_CAP:
+    vmem = _tpu_backward_vmem_bytes(y.shape[0], bs, k.dtype.itemsize, d_out.dtype.itemsize)
+    if impl == "pallas_tpu" and vmem > _TPU_VMEM_CAP:
         # Longer than the backward kernel's blocks fit: the VJP of the XLA primitive (same gradients).
         _, vjp = jax.vjp(functools.partial(la.bi_wkv, method=_xla_method(method)), w, u, k, v)
         return vjp(d_out)
