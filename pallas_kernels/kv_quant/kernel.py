@@ -79,13 +79,29 @@ def unpack_plane(byte: jax.Array, plane: int, bits: int) -> jax.Array:
     return ((byte >> (bits * plane)) & (2**bits - 1)).astype(jnp.float32)
 
 
+def _encode_group(parts, *, axis: int, bits: int, scheme: str, scale_dtype, reciprocal_fn=None):
+    """One group's stored (packed int32 codes, scale, zero point) from its n = 8 / bits float32 sub-slices
+    (plane i = parts[i]), reduced along `axis` (-1: channels along lanes; 0: along sublanes)."""
+    if scheme == "asymmetric":
+        hi = functools.reduce(jnp.maximum, [p.max(axis=axis, keepdims=True) for p in parts])
+        lo = functools.reduce(jnp.minimum, [p.min(axis=axis, keepdims=True) for p in parts])
+    else:
+        hi, lo = functools.reduce(jnp.maximum, [jnp.abs(p).max(axis=axis, keepdims=True) for p in parts]), None
+    scale, zero = qref.scale_and_zero(hi, lo, bits=bits, scheme=scheme, scale_dtype=scale_dtype)
+    div = {} if reciprocal_fn is None else {"reciprocal_fn": reciprocal_fn}
+    packed = None
+    for i, p in enumerate(parts):
+        u = qref.encode(p, scale, zero, bits=bits, scheme=scheme, round_fn=round_half_even, dtype=jnp.int32, **div)
+        packed = u if packed is None else packed | (u << (bits * i))
+    return packed, scale, zero
+
+
 def quantize_kernel(x_ref, *refs, bits: int, group_size: int, scheme: str, scale_dtype, reciprocal_fn=None):
     """x_ref [br, d] -> c_ref [br, d/n] uint8, s_ref [br, d/G] (z_ref [br, d/G] if asymmetric).
 
     `reciprocal_fn`: the correctly rounded float32 `1 / s` for backends whose `/` is approximate
     (None: `/`).
     """
-    div = {} if reciprocal_fn is None else {"reciprocal_fn": reciprocal_fn}
     if scheme == "asymmetric":
         c_ref, s_ref, z_ref = refs
     else:
@@ -99,22 +115,8 @@ def quantize_kernel(x_ref, *refs, bits: int, group_size: int, scheme: str, scale
     zeros = jnp.zeros((br, ng), jnp.float32)
     for gg in range(ng):  # static
         parts = [x_ref[:, pl.ds(gg * group_size + i * sub, sub)].astype(jnp.float32) for i in range(n)]
-        if scheme == "asymmetric":
-            hi = parts[0].max(axis=-1, keepdims=True)
-            lo = parts[0].min(axis=-1, keepdims=True)
-            for p in parts[1:]:
-                hi = jnp.maximum(hi, p.max(axis=-1, keepdims=True))
-                lo = jnp.minimum(lo, p.min(axis=-1, keepdims=True))
-        else:
-            hi, lo = jnp.abs(parts[0]).max(axis=-1, keepdims=True), None
-            for p in parts[1:]:
-                hi = jnp.maximum(hi, jnp.abs(p).max(axis=-1, keepdims=True))
-        scale, zero = qref.scale_and_zero(hi, lo, bits=bits, scheme=scheme, scale_dtype=scale_dtype)
-        packed = None
-        for i, p in enumerate(parts):
-            u = qref.encode(p, scale, zero, bits=bits, scheme=scheme, round_fn=round_half_even, dtype=jnp.int32,
-                            **div)
-            packed = u if packed is None else packed | (u << (bits * i))
+        packed, scale, zero = _encode_group(parts, axis=-1, bits=bits, scheme=scheme, scale_dtype=scale_dtype,
+                                            reciprocal_fn=reciprocal_fn)
         c_ref[:, pl.ds(gg * sub, sub)] = packed.astype(c_ref.dtype)
         scales = jnp.where(col == gg, scale.astype(jnp.float32), scales)
         if zero is not None:
@@ -142,15 +144,6 @@ def dequantize_kernel(c_ref, s_ref, *refs, bits: int, group_size: int, scheme: s
             o_ref[:, pl.ds(gg * group_size + i * sub, sub)] = xhat.astype(o_ref.dtype)
 
 
-def _group_extrema(parts, scheme: str):
-    """Per-column extrema of a group's [G/n, bl] sub-slices (tokens on lanes): (hi, lo) [1, bl]."""
-    if scheme == "asymmetric":
-        hi = functools.reduce(jnp.maximum, [p.max(axis=0, keepdims=True) for p in parts])
-        lo = functools.reduce(jnp.minimum, [p.min(axis=0, keepdims=True) for p in parts])
-        return hi, lo
-    return functools.reduce(jnp.maximum, [jnp.abs(p).max(axis=0, keepdims=True) for p in parts]), None
-
-
 def quantize_tokens_minor_kernel(x_ref, *refs, bits: int, group_size: int, scheme: str, scale_dtype,
                                  values_minor: bool, codes_minor: bool):
     """x_ref [bl, Q, d] or, values_minor, [Q, d, bl] -> c_ref [Q, d/n, bl] uint8 or, not codes_minor,
@@ -176,12 +169,7 @@ def quantize_tokens_minor_kernel(x_ref, *refs, bits: int, group_size: int, schem
         packed_groups = []
         for gg in range(ng):  # static
             parts = [xt[gg * group_size + i * sub: gg * group_size + (i + 1) * sub] for i in range(n)]
-            hi, lo = _group_extrema(parts, scheme)
-            scale, zero = qref.scale_and_zero(hi, lo, bits=bits, scheme=scheme, scale_dtype=scale_dtype)
-            packed = None
-            for i, p in enumerate(parts):
-                u = qref.encode(p, scale, zero, bits=bits, scheme=scheme, round_fn=round_half_even, dtype=jnp.int32)
-                packed = u if packed is None else packed | (u << (bits * i))
+            packed, scale, zero = _encode_group(parts, axis=0, bits=bits, scheme=scheme, scale_dtype=scale_dtype)
             if codes_minor:
                 c_ref[qq, pl.ds(gg * sub, sub), :] = packed.astype(c_ref.dtype)
             packed_groups.append(packed)
