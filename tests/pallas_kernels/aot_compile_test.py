@@ -25,6 +25,7 @@ def test_every_kernel_package_has_a_production_case():
     assert {c.kernel for c in aot.CASES} == packages
     ids = {c.id for c in aot.CASES}
     assert {case for case, _ in aot.KNOWN_FAILURES} <= ids and set(aot.EXPECTED_ERRORS) <= ids
+    assert set(aot.TEMP_BUDGETS_MIB) <= ids
 
 
 @needs_libtpu
@@ -40,4 +41,7 @@ def test_compiles_for_tpu(case, topology):
         assert "RESOURCE_EXHAUSTED" in result["error"], result  # still the known cause, not a new error
     else:
         assert result["ok"], f"{case.id} does not compile on {gen}: {result['error']}"
-        assert result["temp_bytes"] >= 0
+        budget = aot.TEMP_BUDGETS_MIB.get(case.id, aot.TEMP_BUDGET_MIB)
+        assert 0 <= result["temp_bytes"] <= budget * 2**20, (
+            f"{case.id} on {gen} needs {result['temp_bytes'] / 2**20:.1f} MiB of HBM temporaries, over its "
+            f"budget of {budget} MiB (aot.TEMP_BUDGETS_MIB): a copy or relayout in its wrapper?")
