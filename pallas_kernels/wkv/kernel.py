@@ -9,7 +9,8 @@ program (grid axis: tiles of sequences) scans its tile over all tokens twice, in
      token t enters, the kernel stores the left context of t as a normalized mean ``a / b`` (into the output
      block) and a log-normalizer ``m + log b`` (into the `lse` block), MASK_VALUE when empty;
   2. backward pass: the running right context; each token's output is `wkv_combine` of its stored left
-     context, the right context and its own bonus term, written over the stored mean.
+     context, the right context and its own bonus term, written over the stored mean, and its total
+     log-normalizer Z over the stored left one (a residual of the backward kernel).
 
 The backward kernel (`bi_wkv_backward_kernel`, the custom VJP's backward) has the same shape: with the
 cotangent g, the output y and each token's total log-normalizer Z (which the forward writes over its
