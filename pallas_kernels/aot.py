@@ -160,6 +160,14 @@ def _kv_quantize():
     return lambda a: quantize(a, bits=4, group_size=64, implementation="pallas_tpu", interpret=False), (x,)
 
 
+@_case("kv_quant", "quantize_32k_head_major")
+def _kv_quantize_head_major():  # a [b, k, s, d] cache: one row per token
+    from pallas_kernels.kv_quant import quantize
+
+    x = sd((_B, _KH, 32768, _D), BF16)
+    return lambda a: quantize(a, bits=4, group_size=64, implementation="pallas_tpu", interpret=False), (x,)
+
+
 @_case("kv_quant", "dequantize_32k")
 def _kv_dequantize():
     from pallas_kernels.kv_quant import dequantize

@@ -34,7 +34,9 @@ groups of 64 with float32 scales, V 2-bit asymmetric groups of 128 with bfloat16
     written in the layout XLA:TPU stores it in (`_token_axis`): the narrow codes and scales tokens-minor,
     the values row-major. Compiled for TPU (libtpu 0.0.42.1, batch 8, 8 KV heads, d 128, bf16) at 512k
     tokens on v5e and v6e with no HBM temporaries; so do 8-bit codes and head_dim 64 at 32k, 32 heads per
-    token at 16k and a [32k, 8, 128] float32 input. The row-major kernel they replace on TPU (still the Triton one)
+    token at 16k, a [32k, 8, 128] float32 input, a head-major [8, 8, 32k, 128] cache and a flat [256k,
+    128] one (one row per token: the row-major arrays are viewed without their unit axis, which as a
+    second-minor dim made XLA relay them out, 1 GiB and 128 MiB). The row-major kernel they replace on TPU (still the Triton one)
     wrote [rows, d/n] codes and [rows, d/G] scales that XLA then relaid out: 1.3 GiB (quantize) and 1.4 GiB
     (dequantize) of temporaries at 32k, and neither compiled past 256k tokens on v5e.
   * `quantized_decode_attention`: Compiles for TPU (libtpu 0.0.42.1, batch 8, 32/8 heads, d 128, bf16)
@@ -106,21 +108,28 @@ def _lanes_minor(width: int) -> bool:
 
 
 def _tokens_minor_view(a, nb, length, nq, lp):
-    """[..., w] -> the kernel's [P, Q, w, Lp] (tokens minor, padded) or [P, Lp, Q, w] (row-major) view."""
+    """[..., w] -> the kernel's [P, Q, w, Lp] (tokens minor, padded) or [P, Lp, Q, w] (row-major) view;
+    row-major with Q = 1 drops the unit axis ([P, Lp, w]): as a second-minor dim XLA:TPU would pad it to a
+    full sublane tile, i.e. relay the whole array out."""
     a = a.reshape(nb, length, nq, a.shape[-1])
     if _lanes_minor(a.shape[-1]):
         return _backend.pad_axis(jnp.transpose(a, (0, 2, 3, 1)), 3, lp)
-    return _backend.pad_axis(a, 1, lp)
+    return _backend.pad_axis(a[:, :, 0] if nq == 1 else a, 1, lp)
 
 
 def _tokens_minor_spec(nq, width, bl):
     if _lanes_minor(width):
         return pl.BlockSpec((None, nq, width, bl), lambda p, t: (p, 0, 0, t))
+    if nq == 1:
+        return pl.BlockSpec((None, bl, width), lambda p, t: (p, t, 0))
     return pl.BlockSpec((None, bl, nq, width), lambda p, t: (p, t, 0, 0))
 
 
 def _tokens_minor_shape(nb, lp, nq, width, dtype):
-    shape = (nb, nq, width, lp) if _lanes_minor(width) else (nb, lp, nq, width)
+    if _lanes_minor(width):
+        shape = (nb, nq, width, lp)
+    else:
+        shape = (nb, lp, width) if nq == 1 else (nb, lp, nq, width)
     return jax.ShapeDtypeStruct(shape, dtype)
 
 

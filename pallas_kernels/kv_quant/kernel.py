@@ -144,6 +144,18 @@ def dequantize_kernel(c_ref, s_ref, *refs, bits: int, group_size: int, scheme: s
             o_ref[:, pl.ds(gg * group_size + i * sub, sub)] = xhat.astype(o_ref.dtype)
 
 
+def _row_tile(ref, qq: int):
+    """Row qq of every token of a row-major block: [bl, Q, w] -> [bl, w]; a [bl, w] block is Q = 1."""
+    return ref[...] if ref.ndim == 2 else ref[:, qq, :]
+
+
+def _set_row_tile(ref, qq: int, value):
+    if ref.ndim == 2:
+        ref[...] = value
+    else:
+        ref[:, qq, :] = value
+
+
 def quantize_tokens_minor_kernel(x_ref, *refs, bits: int, group_size: int, scheme: str, scale_dtype,
                                  values_minor: bool, codes_minor: bool):
     """x_ref [bl, Q, d] or, values_minor, [Q, d, bl] -> c_ref [Q, d/n, bl] uint8 or, not codes_minor,
@@ -163,7 +175,7 @@ def quantize_tokens_minor_kernel(x_ref, *refs, bits: int, group_size: int, schem
     nq, ng, bl = s_ref.shape
     row = jax.lax.broadcasted_iota(jnp.int32, (ng, bl), 0)
     for qq in range(nq):  # static
-        xt = x_ref[qq].astype(jnp.float32) if values_minor else x_ref[:, qq, :].astype(jnp.float32).T  # [d, bl]
+        xt = x_ref[qq].astype(jnp.float32) if values_minor else _row_tile(x_ref, qq).astype(jnp.float32).T  # [d, bl]
         scales = jnp.zeros((ng, bl), jnp.float32)
         zeros = jnp.zeros((ng, bl), jnp.float32)
         packed_groups = []
@@ -177,7 +189,7 @@ def quantize_tokens_minor_kernel(x_ref, *refs, bits: int, group_size: int, schem
             if zero is not None:
                 zeros = jnp.where(row == gg, zero.astype(jnp.float32), zeros)
         if not codes_minor:
-            c_ref[:, qq, :] = jnp.concatenate(packed_groups, axis=0).T.astype(c_ref.dtype)
+            _set_row_tile(c_ref, qq, jnp.concatenate(packed_groups, axis=0).T.astype(c_ref.dtype))
         s_ref[qq] = scales.astype(s_ref.dtype)
         if z_ref is not None:
             z_ref[qq] = zeros.astype(z_ref.dtype)
@@ -195,7 +207,7 @@ def dequantize_tokens_minor_kernel(c_ref, s_ref, *refs, bits: int, group_size: i
     sub = group_size // n
     nq, ng = s_ref.shape[0], s_ref.shape[1]
     for qq in range(nq):  # static
-        codes = c_ref[qq].astype(jnp.int32) if codes_minor else c_ref[:, qq, :].astype(jnp.int32).T  # [d/n, bl]
+        codes = c_ref[qq].astype(jnp.int32) if codes_minor else _row_tile(c_ref, qq).astype(jnp.int32).T  # [d/n, bl]
         pieces = []
         for gg in range(ng):  # static
             byte = codes[gg * sub:(gg + 1) * sub]
@@ -206,7 +218,7 @@ def dequantize_tokens_minor_kernel(c_ref, s_ref, *refs, bits: int, group_size: i
         if values_minor:
             o_ref[qq] = values.astype(o_ref.dtype)
         else:
-            o_ref[:, qq, :] = values.T.astype(o_ref.dtype)
+            _set_row_tile(o_ref, qq, values.T.astype(o_ref.dtype))
 
 
 def _head_rows(ref, h: int, rows):

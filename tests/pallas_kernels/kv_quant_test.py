@@ -44,6 +44,8 @@ QUANT_CASES = [
     ("pallas_tpu", (2, 256, 3, 64), jnp.bfloat16, 4, 32, "asymmetric", jnp.bfloat16, 128),
     # ... and lane-dense ones (8-bit codes of d=128: row-major), the token axis first, not a block multiple.
     ("pallas_tpu", (384, 2, 128), jnp.float32, 8, 32, "symmetric", jnp.float32, 256),
+    # One row per token (a head-major [b, k, s, d] cache): the row-major arrays drop the unit axis.
+    ("pallas_tpu", (2, 2, 128, 128), jnp.float32, 4, 64, "asymmetric", jnp.bfloat16, 128),
 ]
 
 
@@ -64,6 +66,7 @@ DEQUANT_CASES = [
     ("pallas_triton", (19, 32), 8, 32, "midrise", jnp.float32, 32),
     ("pallas_tpu", (2, 256, 3, 64), 8, 64, "asymmetric", jnp.bfloat16, 128),  # tokens on lanes
     ("pallas_tpu", (1, 384, 2, 256), 2, 128, "midrise", jnp.float32, 256),  # lane-dense values, padded tokens
+    ("pallas_tpu", (3, 256, 128), 8, 64, "symmetric", jnp.float32, 128),  # one row per token, lane-dense codes
 ]
 
 
