@@ -86,8 +86,9 @@ def _token_axis(shape, impl) -> int | None:
     minor instead: in the layouts it picked for the shapes tried, the last leading axis whose length is
     a multiple of 128 (the tokens of a [b, s, k, d] cache). The tokens-minor kernels write codes and
     scales as [P, Q, x, L] with that axis L last, so moving it back is a bitcast there, not a
-    relayout (which cost 1.3 GiB of temporaries for a 32k-token cache). Other shapes take the row-major
-    kernel, and XLA relays its output out as before.
+    relayout (which cost 1.3 GiB of temporaries for a 32k-token cache). Shapes without such an axis, or
+    with more than `_MAX_TOKENS_MINOR_ROWS` rows per token, take the row-major kernel, whose output XLA
+    relays out.
     """
     if impl != "pallas_tpu":
         return None
