@@ -137,17 +137,21 @@ def wkv_update(state, k_t, v_t, w):
     return m_new, old * a + new * v_t, old * b + new
 
 
-def wkv_combine(left, right, u, k_t, v_t):
+def wkv_combine(left, right, u, k_t, v_t, *, return_lse: bool = False):
     """Output of one token from its left and right contexts (each (m, a, b)) and its own bonus term.
 
     ``y = (A + C + e^{u+k} v) / (B + D + e^{u+k})`` with all three terms rescaled by their common max, so
     the denominator is >= 1 (the largest term contributes exactly its b >= 1, or 1 for the self term).
+    With ``return_lse``, also the token's total log-normalizer ``log(B + D + e^{u+k})`` (the Pallas
+    kernel's residual for its backward).
     """
     (ml, al, bl), (mr, ar, br) = left, right
     ms = u + k_t
     top = jax.lax.stop_gradient(jnp.maximum(jnp.maximum(ml, mr), ms))
     el, er, es = jnp.exp(ml - top), jnp.exp(mr - top), jnp.exp(ms - top)
-    return (el * al + er * ar + es * v_t) / (el * bl + er * br + es)
+    den = el * bl + er * br + es
+    y = (el * al + er * ar + es * v_t) / den
+    return (y, top + jnp.log(den)) if return_lse else y
 
 
 def _empty_state(shape, dt):

@@ -6,8 +6,8 @@ Dimension legend: `b` batch, `h` query heads, `k` key/value heads (h % k == 0), 
 
 `quantize` has the contract of `primitives.quantization.quantize` for groups along the last axis
 (pack blocks = groups): the Pallas kernel produces bit-identical codes, scales and zero points
-(same float32 op order; round-half-even built from floor; on compiled Triton the reciprocal `1 / s` is an explicit
-`div.rn.f32`, because Triton's `/` is approximate). `dequantize` is the inverse of that format,
+(same float32 op order; round-half-even built from floor; on compiled Triton the reciprocal `1 / s` is
+an explicit `div.rn.f32`, because Triton's `/` is approximate). `dequantize` is the inverse of that format,
 computed with the reference's `(u - offset) * s` / `u * s + z`.
 
 `quantized_decode_attention` is `primitives.attention.decode_attention` over the *dequantized* cache:
@@ -36,9 +36,10 @@ groups of 64 with float32 scales, V 2-bit asymmetric groups of 128 with bfloat16
     tokens on v5e and v6e with no HBM temporaries; so do 8-bit codes and head_dim 64 at 32k, 32 heads per
     token at 16k, a [32k, 8, 128] float32 input, a head-major [8, 8, 32k, 128] cache and a flat [256k,
     128] one (one row per token: the row-major arrays are viewed without their unit axis, which as a
-    second-minor dim made XLA relay them out, 1 GiB and 128 MiB). The row-major kernel they replace on TPU (still the Triton one)
-    wrote [rows, d/n] codes and [rows, d/G] scales that XLA then relaid out: 1.3 GiB (quantize) and 1.4 GiB
-    (dequantize) of temporaries at 32k, and neither compiled past 256k tokens on v5e.
+    second-minor dim made XLA relay them out, 1 GiB and 128 MiB). The row-major kernel they replace on
+    TPU (still the Triton one) wrote [rows, d/n] codes and [rows, d/G] scales that XLA then relaid out:
+    1.3 GiB (quantize) and 1.4 GiB (dequantize) of temporaries at 32k, and neither compiled past 256k
+    tokens on v5e.
   * `quantized_decode_attention`: Compiles for TPU (libtpu 0.0.42.1, batch 8, 32/8 heads, d 128, bf16)
     up to 512k tokens on v5e and 512k on v6e (the survey's largest; no HBM temporaries at all); beyond,
     it still compiles at 2M tokens on v5e and 4M on v6e (13.5 and 27 GiB of packed cache, at most
@@ -118,20 +119,15 @@ def _tokens_minor_view(a, nb, length, nq, lp):
     return _backend.pad_axis(a[:, :, 0] if nq == 1 else a, 1, lp)
 
 
-def _tokens_minor_spec(nq, width, bl):
+def _tokens_minor_array(nb, lp, nq, width, bl, dtype=None):
+    """(BlockSpec, ShapeDtypeStruct or None without `dtype`) of one array in `_tokens_minor_view`'s form."""
     if _lanes_minor(width):
-        return pl.BlockSpec((None, nq, width, bl), lambda p, t: (p, 0, 0, t))
-    if nq == 1:
-        return pl.BlockSpec((None, bl, width), lambda p, t: (p, t, 0))
-    return pl.BlockSpec((None, bl, nq, width), lambda p, t: (p, t, 0, 0))
-
-
-def _tokens_minor_shape(nb, lp, nq, width, dtype):
-    if _lanes_minor(width):
-        shape = (nb, nq, width, lp)
+        shape, block, index = (nb, nq, width, lp), (None, nq, width, bl), lambda p, t: (p, 0, 0, t)
+    elif nq == 1:
+        shape, block, index = (nb, lp, width), (None, bl, width), lambda p, t: (p, t, 0)
     else:
-        shape = (nb, lp, width) if nq == 1 else (nb, lp, nq, width)
-    return jax.ShapeDtypeStruct(shape, dtype)
+        shape, block, index = (nb, lp, nq, width), (None, bl, nq, width), lambda p, t: (p, t, 0, 0)
+    return pl.BlockSpec(block, index), None if dtype is None else jax.ShapeDtypeStruct(shape, dtype)
 
 
 def _from_tokens_minor(o, width, lead, length):
@@ -225,12 +221,13 @@ def _quantize_tokens_minor(x, ax, *, bits, group_size, scheme, sdt, block_sizes,
     dtypes = [jnp.uint8, sdt, sdt]
     kernel = functools.partial(quantize_tokens_minor_kernel, bits=bits, group_size=group_size, scheme=scheme,
                                scale_dtype=sdt, values_minor=_lanes_minor(d), codes_minor=_lanes_minor(d // n))
+    out_specs, out_shape = zip(*[_tokens_minor_array(nb, lp, nq, w, bl, dt) for w, dt in zip(widths, dtypes)])
     outs = pl.pallas_call(
         kernel,
         grid=(nb, lp // bl),
-        in_specs=[_tokens_minor_spec(nq, d, bl)],
-        out_specs=[_tokens_minor_spec(nq, w, bl) for w in widths],
-        out_shape=[_tokens_minor_shape(nb, lp, nq, w, dt) for w, dt in zip(widths, dtypes)],
+        in_specs=[_tokens_minor_array(nb, lp, nq, d, bl)[0]],
+        out_specs=list(out_specs),
+        out_shape=list(out_shape),
         compiler_params=_backend.compiler_params("pallas_tpu", dimension_semantics=("parallel", "parallel")),
         interpret=interpret,
         cost_estimate=cost,
@@ -331,12 +328,13 @@ def _dequantize_tokens_minor(qt, arrays, ax, *, out_dtype, block_sizes, interpre
     kernel = functools.partial(dequantize_tokens_minor_kernel, bits=qt.bits, group_size=qt.group_size,
                                scheme=qt.scheme, values_minor=_lanes_minor(d),
                                codes_minor=_lanes_minor(qt.codes.shape[-1]))
+    out_spec, out_shape = _tokens_minor_array(nb, lp, nq, d, bl, out_dtype)
     out = pl.pallas_call(
         kernel,
         grid=(nb, lp // bl),
-        in_specs=[_tokens_minor_spec(nq, a.shape[-1], bl) for a in arrays],
-        out_specs=_tokens_minor_spec(nq, d, bl),
-        out_shape=_tokens_minor_shape(nb, lp, nq, d, out_dtype),
+        in_specs=[_tokens_minor_array(nb, lp, nq, a.shape[-1], bl)[0] for a in arrays],
+        out_specs=out_spec,
+        out_shape=out_shape,
         compiler_params=_backend.compiler_params("pallas_tpu", dimension_semantics=("parallel", "parallel")),
         interpret=interpret,
         cost_estimate=cost,

@@ -39,19 +39,11 @@ import jax.numpy as jnp
 from primitives.linear_attention import MASK_VALUE, wkv_combine, wkv_update
 
 
-def combine_with_lse(left, right, u, k_t, v_t):
-    """`wkv_combine`'s output and the token's total log-normalizer Z = log(B + D + e^{u+k})."""
-    (ml, al, bl), (mr, ar, br) = left, right
-    top = jnp.maximum(jnp.maximum(ml, mr), u + k_t)
-    z = top + jnp.log(jnp.exp(ml - top) * bl + jnp.exp(mr - top) * br + jnp.exp(u + k_t - top))
-    return wkv_combine(left, right, u, k_t, v_t), z
-
-
 def _time_loops(seq_len: int, block_t: int, forward, forward_state, backward, backward_state):
     """Runs `forward` over tokens 0..seq_len-1 from `forward_state`, then `backward` over seq_len-1..0 from
     `backward_state`, in `fori_loop` chunks of `block_t` unrolled tokens (the ragged tail statically).
     Returns the two final states."""
-    n_chunks, tail = divmod(seq_len, block_t)
+    n_chunks = seq_len // block_t
 
     def forward_chunk(c, state):
         base = c * block_t
@@ -98,7 +90,7 @@ def bi_wkv_kernel(w_ref, u_ref, k_ref, v_ref, o_ref, lse_ref, *, seq_len: int, b
 
     def backward(t, state):
         k_t, v_t = load(t)
-        o_ref[t], lse_ref[t] = combine_with_lse((lse_ref[t], o_ref[t], ones), state, u, k_t, v_t)
+        o_ref[t], lse_ref[t] = wkv_combine((lse_ref[t], o_ref[t], ones), state, u, k_t, v_t, return_lse=True)
         return wkv_update(state, k_t, v_t, w)
 
     _time_loops(seq_len, block_t, forward, empty, backward, empty)
